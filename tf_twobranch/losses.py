@@ -1,0 +1,224 @@
+"""Losses of the two-branch networks.
+
+Each loss is a pure function of tensors plus a thin serializable Keras class
+(`keras.losses.Loss` subclass) so it can be named in a config and saved with a
+model. Conventions shared by every function here:
+
+* `labels` is a boolean matrix of shape (num_texts, num_images); entry (s, i)
+  is True when text s and image i are a positive pair.
+* Distances are Euclidean distances between L2-normalised embeddings computed
+  as in the original implementation (`pairwise_distance`).
+* "top-K in-batch violations": for each anchor, the hinge terms against all
+  in-batch negatives are computed, only the K largest are kept (TPAMI 2018
+  §5.1: "keep at most K triplets with highest non-negative loss"), and the
+  result is averaged over anchors and K.
+"""
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+# The original code adds this inside the square root so the gradient of the
+# distance of a sentence to itself stays finite.
+DISTANCE_EPSILON = 1e-4
+# The original clips hinge values to [0, 1e6]; the upper bound never binds on
+# unit vectors but is kept so values match the reference bit for bit.
+HINGE_MAX = 1e6
+
+
+def pairwise_distance(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """Euclidean distances (len(a), len(b)) exactly as the original `pdist`."""
+    a_sq = tf.reduce_sum(a * a, axis=1, keepdims=True)
+    b_sq = tf.reduce_sum(b * b, axis=1, keepdims=True)
+    sq = a_sq - 2.0 * tf.matmul(a, b, transpose_b=True) + tf.transpose(b_sq)
+    # maximum() only guards against rounding below zero; the original has no
+    # guard, and for unit vectors the +1e-4 already keeps the argument positive.
+    return tf.sqrt(tf.maximum(sq + DISTANCE_EPSILON, 0.0))
+
+
+def _top_k_hinge(positive: tf.Tensor, negative: tf.Tensor, negative_mask: tf.Tensor,
+                 margin: float, k: int) -> tf.Tensor:
+    """Mean of the k largest [margin + positive - negative]_+ per row.
+
+    `positive` is (rows, 1) and `negative` (rows, cols); entries where
+    `negative_mask` is False are not negatives and contribute 0. Since every
+    hinge value is >= 0, filling non-negatives with 0 selects exactly the same
+    top-k values as removing them, as long as a row has >= k negatives.
+    """
+    hinge = tf.clip_by_value(margin + positive - negative, 0.0, HINGE_MAX)
+    hinge = tf.where(negative_mask, hinge, tf.zeros_like(hinge))
+    k = min(int(k), int(hinge.shape[-1])) if hinge.shape[-1] is not None else int(k)
+    k = tf.minimum(k, tf.shape(hinge)[-1])
+    top = tf.math.top_k(hinge, k=k).values
+    return tf.reduce_mean(top)
+
+
+def text_anchor_ranking_loss(dist: tf.Tensor, labels: tf.Tensor, *, margin: float,
+                             top_k: int) -> tf.Tensor:
+    """Text anchors: d(x_j', y_i') + m < d(x_k', y_i') (TPAMI eq. 2).
+
+    One row per positive (text, image) pair; negatives are the images not
+    matched to that text. `dist` is (num_texts, num_images).
+    """
+    pairs = tf.where(labels)
+    rows = tf.gather(dist, pairs[:, 0])
+    positive = tf.gather_nd(dist, pairs)[:, None]
+    negative_mask = tf.logical_not(tf.gather(labels, pairs[:, 0]))
+    return _top_k_hinge(positive, rows, negative_mask, margin, top_k)
+
+
+def image_anchor_ranking_loss(dist: tf.Tensor, labels: tf.Tensor, *, margin: float,
+                              top_k: int) -> tf.Tensor:
+    """Image anchors: d(x_i, y_j) + m < d(x_i, y_k) (TPAMI eq. 1).
+
+    One row per positive (text, image) pair; negatives are the texts not
+    matched to that image.
+    """
+    pairs = tf.where(labels)
+    dist_t = tf.transpose(dist)
+    labels_t = tf.transpose(labels)
+    rows = tf.gather(dist_t, pairs[:, 1])
+    positive = tf.gather_nd(dist, pairs)[:, None]
+    negative_mask = tf.logical_not(tf.gather(labels_t, pairs[:, 1]))
+    return _top_k_hinge(positive, rows, negative_mask, margin, top_k)
+
+
+def neighbourhood_loss(embeds: tf.Tensor, neighbours: tf.Tensor, *, margin: float,
+                       top_k: int) -> tf.Tensor:
+    """Within-modality neighbourhood constraint (TPAMI eqs. 4-5).
+
+    `neighbours` is a boolean (n, n) matrix, True where two items share a
+    match (it includes the diagonal). As in the original code, the positive
+    distance of an anchor is its largest distance to any neighbour (itself
+    included), and the negatives are all non-neighbours.
+    """
+    dist = pairwise_distance(embeds, embeds)
+    positive = tf.reduce_max(tf.where(neighbours, dist, tf.zeros_like(dist)), axis=1,
+                             keepdims=True)
+    return _top_k_hinge(positive, dist, tf.logical_not(neighbours), margin, top_k)
+
+
+def bidirectional_ranking_loss(image_embeds: tf.Tensor, text_embeds: tf.Tensor,
+                               labels: tf.Tensor, *, margin: float = 0.05,
+                               top_k: int = 10, image_anchor_weight: float = 1.0,
+                               text_anchor_weight: float = 1.5,
+                               image_neighbour_weight: float = 0.0,
+                               text_neighbour_weight: float = 0.05) -> tf.Tensor:
+    """TPAMI eq. 6: λ1·image-anchor + λ2·text-anchor + λ3·image-nbr + λ4·text-nbr.
+
+    Args:
+      image_embeds: (num_images, d) L2-normalised image (or region) embeddings.
+      text_embeds: (num_texts, d) L2-normalised sentence (or phrase) embeddings.
+      labels: bool (num_texts, num_images) positive-pair mask.
+      margin: m of the hinge.
+      top_k: K, the number of largest in-batch violations kept per anchor.
+      image_anchor_weight: λ1 (image target, text positive/negative).
+      text_anchor_weight: λ2 (text target, image positive/negative).
+      image_neighbour_weight: λ3; images are neighbours when they share a text.
+      text_neighbour_weight: λ4; texts are neighbours when they share an image.
+    """
+    labels = tf.cast(labels, tf.bool)
+    dist = pairwise_distance(text_embeds, image_embeds)
+    loss = tf.constant(0.0, dtype=dist.dtype)
+    if text_anchor_weight:
+        loss += text_anchor_weight * text_anchor_ranking_loss(
+            dist, labels, margin=margin, top_k=top_k)
+    if image_anchor_weight:
+        loss += image_anchor_weight * image_anchor_ranking_loss(
+            dist, labels, margin=margin, top_k=top_k)
+    labels_f = tf.cast(labels, dist.dtype)
+    if text_neighbour_weight:
+        text_nbrs = tf.matmul(labels_f, labels_f, transpose_b=True) > 0
+        loss += text_neighbour_weight * neighbourhood_loss(
+            text_embeds, text_nbrs, margin=margin, top_k=top_k)
+    if image_neighbour_weight:
+        image_nbrs = tf.matmul(labels_f, labels_f, transpose_a=True) > 0
+        image_nbrs = tf.logical_or(image_nbrs, tf.eye(tf.shape(labels)[1], dtype=tf.bool))
+        loss += image_neighbour_weight * neighbourhood_loss(
+            image_embeds, image_nbrs, margin=margin, top_k=top_k)
+    return loss
+
+
+def embedding_loss(im_embeds: tf.Tensor, sent_embeds: tf.Tensor, labels: tf.Tensor, *,
+                   margin: float = 0.05, num_neg_sample: int = 10,
+                   im_loss_factor: float = 1.5,
+                   sent_only_loss_factor: float = 0.05) -> tf.Tensor:
+    """The original implementation's `embedding_loss`, same inputs → same value.
+
+    Naming follows `lwwang/Two_branch_network/retrieval_model.py`:
+    `im_loss` is the sentence-anchor term (its negatives are images) and is
+    weighted by `im_loss_factor`; the image-anchor term has weight 1; the
+    sentence-only term is the text neighbourhood constraint. `labels` is the
+    (num_sent, num_img) boolean matrix with exactly one True per row.
+    """
+    return bidirectional_ranking_loss(
+        im_embeds, sent_embeds, labels, margin=margin, top_k=num_neg_sample,
+        image_anchor_weight=1.0, text_anchor_weight=im_loss_factor,
+        image_neighbour_weight=0.0, text_neighbour_weight=sent_only_loss_factor)
+
+
+def logistic_pair_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Similarity network loss (TPAMI eq. 7), mean of log(1 + exp(-z·p)).
+
+    `labels` are 1 for positive pairs and 0 (or -1) for negative pairs.
+    """
+    logits = tf.reshape(logits, [-1])
+    z = tf.where(tf.reshape(labels, [-1]) > 0, 1.0, -1.0)
+    z = tf.cast(z, logits.dtype)
+    return tf.reduce_mean(tf.nn.softplus(-z * logits))
+
+
+@keras.saving.register_keras_serializable(package="tf_twobranch")
+class BidirectionalRankingLoss(keras.losses.Loss):
+    """Keras wrapper of `bidirectional_ranking_loss`.
+
+    `y_true` is the label matrix; `y_pred` is a tuple (image_embeds,
+    text_embeds). Used by the models' `train_step`, which passes both.
+    """
+
+    def __init__(self, margin=0.05, top_k=10, image_anchor_weight=1.0,
+                 text_anchor_weight=1.5, image_neighbour_weight=0.0,
+                 text_neighbour_weight=0.05, name="bidirectional_ranking_loss",
+                 reduction="sum_over_batch_size", **kwargs):
+        super().__init__(name=name, reduction=reduction, **kwargs)
+        self.margin = margin
+        self.top_k = top_k
+        self.image_anchor_weight = image_anchor_weight
+        self.text_anchor_weight = text_anchor_weight
+        self.image_neighbour_weight = image_neighbour_weight
+        self.text_neighbour_weight = text_neighbour_weight
+
+    def call(self, y_true, y_pred):
+        image_embeds, text_embeds = y_pred
+        return bidirectional_ranking_loss(
+            image_embeds, text_embeds, y_true, margin=self.margin, top_k=self.top_k,
+            image_anchor_weight=self.image_anchor_weight,
+            text_anchor_weight=self.text_anchor_weight,
+            image_neighbour_weight=self.image_neighbour_weight,
+            text_neighbour_weight=self.text_neighbour_weight)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        return self.call(y_true, y_pred)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(margin=self.margin, top_k=self.top_k,
+                      image_anchor_weight=self.image_anchor_weight,
+                      text_anchor_weight=self.text_anchor_weight,
+                      image_neighbour_weight=self.image_neighbour_weight,
+                      text_neighbour_weight=self.text_neighbour_weight)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tf_twobranch")
+class LogisticPairLoss(keras.losses.Loss):
+    """Keras wrapper of `logistic_pair_loss` (labels 1/0 or 1/-1, logits)."""
+
+    def __init__(self, name="logistic_pair_loss", reduction="sum_over_batch_size", **kwargs):
+        super().__init__(name=name, reduction=reduction, **kwargs)
+
+    def call(self, y_true, y_pred):
+        return logistic_pair_loss(y_pred, y_true)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        return self.call(y_true, y_pred)
