@@ -42,11 +42,13 @@ class CaptionCorpus:
         self._index: dict[str, int] | None = None
 
     def __eq__(self, other: object) -> bool:
-        # Field-wise, with array equality for caption_image (the generated
-        # dataclass __eq__ would compare the arrays element-wise).
+        """Same contents; `source` (only used in messages) is not compared."""
+        # The generated dataclass __eq__ would compare arrays element-wise.
         if type(other) is not type(self):
             return NotImplemented
         for field in dataclasses.fields(self):
+            if field.name == "source":
+                continue
             mine, theirs = getattr(self, field.name), getattr(other, field.name)
             if isinstance(mine, np.ndarray) or isinstance(theirs, np.ndarray):
                 if not np.array_equal(mine, theirs):
