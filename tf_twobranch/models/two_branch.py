@@ -1,0 +1,279 @@
+"""The embedding network and the similarity network (TPAMI §3).
+
+Both are `TwoBranchModel`s: an image tower and a text tower (separate Keras
+models, exported separately), plus — for the similarity network — a head on
+the element-wise product of the two embeddings. The model owns its loss
+(a "task", as in TensorFlow Recommenders): `train_step` computes the
+bi-directional ranking loss (embedding network) or the logistic loss on
+balanced pairs (similarity network), and `evaluate` runs the shared
+retrieval evaluation core and returns recall metrics.
+
+Everything needed to rebuild a model is in `TwoBranchConfig`, which the
+trainer writes next to the weights as JSON.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_twobranch import losses
+from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.evaluation import retrieval
+from tf_twobranch.models.branches import BRANCH_LAYOUTS, build_feature_branch
+from tf_twobranch.models.text_towers import build_lstm_text_tower
+
+MODEL_KINDS = ("embedding", "similarity")
+TEXT_ENCODERS = ("features", "lstm")
+
+
+@dataclasses.dataclass
+class TwoBranchConfig:
+    """Architecture and loss of a two-branch model (JSON-serialisable)."""
+    kind: str = "embedding"
+    image_dim: int = 4096
+    text_dim: int = 6000          # ignored by the LSTM text encoder
+    image_hidden: Sequence[int] = (2048,)
+    text_hidden: Sequence[int] = (2048,)
+    embed_dim: int = 512
+    layout: str = "original"
+    dropout: float = 0.5
+    text_encoder: str = "features"
+    vocabulary: Sequence[str] | None = None   # LSTM only
+    max_len: int = 32
+    word_dim: int = 256
+    lstm_units: int = 512
+    similarity_head: Sequence[int] = (512, 256)
+    # Ranking loss (embedding network), TPAMI eq. 6 / the original code.
+    margin: float = 0.05
+    top_k: int = 10
+    image_anchor_weight: float = 1.0
+    text_anchor_weight: float = 1.5
+    image_neighbour_weight: float = 0.0
+    text_neighbour_weight: float = 0.05
+
+    def __post_init__(self):
+        self.image_hidden = tuple(int(d) for d in self.image_hidden)
+        self.text_hidden = tuple(int(d) for d in self.text_hidden)
+        self.similarity_head = tuple(int(d) for d in self.similarity_head)
+        if self.vocabulary is not None:
+            self.vocabulary = list(self.vocabulary)
+        self.validate()
+
+    def validate(self):
+        def check(cond, msg):
+            if not cond:
+                raise ConfigError(msg)
+        check(self.kind in MODEL_KINDS, f"kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        check(self.layout in BRANCH_LAYOUTS,
+              f"layout must be one of {BRANCH_LAYOUTS}, got {self.layout!r}")
+        check(self.text_encoder in TEXT_ENCODERS,
+              f"text_encoder must be one of {TEXT_ENCODERS}, got {self.text_encoder!r}")
+        check(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
+        check(self.margin >= 0, f"margin must be >= 0, got {self.margin}")
+        check(self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}")
+        check(self.embed_dim >= 1 and self.image_dim >= 1, "dimensions must be positive")
+        for name in ("image_anchor_weight", "text_anchor_weight",
+                     "image_neighbour_weight", "text_neighbour_weight"):
+            check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.text_encoder == "lstm":
+            check(bool(self.vocabulary) and len(self.vocabulary) > 2,
+                  "the LSTM text encoder needs a vocabulary")
+        else:
+            check(self.text_dim >= 1, "text_dim must be positive")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TwoBranchConfig":
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown model config keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def loss_kwargs(self) -> dict:
+        return dict(margin=self.margin, top_k=self.top_k,
+                    image_anchor_weight=self.image_anchor_weight,
+                    text_anchor_weight=self.text_anchor_weight,
+                    image_neighbour_weight=self.image_neighbour_weight,
+                    text_neighbour_weight=self.text_neighbour_weight)
+
+
+def build_similarity_head(embed_dim: int, hidden: Sequence[int]) -> keras.Model:
+    """FC layers on the element-wise product; TPAMI: 512→512→256→1 with ReLU."""
+    x_in = keras.Input(shape=(embed_dim,), name="joint")
+    x = x_in
+    for i, dim in enumerate(hidden, start=1):
+        x = keras.layers.Dense(dim, activation="relu", name=f"sim_fc{i}")(x)
+    logit = keras.layers.Dense(1, name=f"sim_fc{len(hidden) + 1}")(x)
+    return keras.Model(x_in, logit, name="similarity_head")
+
+
+class TwoBranchModel(keras.Model):
+    """Image tower + text tower (+ similarity head), with its own loss.
+
+    Batches for `fit` are dicts: ``image`` (num_images, image_dim),
+    ``text`` (num_texts, text_dim) float features or int token ids, and
+    ``labels``: for the embedding network a bool (num_texts, num_images)
+    positive mask; for the similarity network a (num_pairs,) 0/1 vector with
+    ``image`` and ``text`` aligned row by row.
+    """
+
+    def __init__(self, config: TwoBranchConfig, **kwargs):
+        super().__init__(name=kwargs.pop("name", f"two_branch_{config.kind}"), **kwargs)
+        self.config = config
+        self.image_tower = build_feature_branch(
+            config.image_dim, hidden_dims=config.image_hidden, output_dim=config.embed_dim,
+            layout=config.layout, dropout=config.dropout, name="image")
+        if config.text_encoder == "lstm":
+            self.text_tower = build_lstm_text_tower(
+                len(config.vocabulary), max_len=config.max_len, word_dim=config.word_dim,
+                lstm_units=config.lstm_units, hidden_dims=config.text_hidden,
+                output_dim=config.embed_dim, layout=config.layout, dropout=config.dropout,
+                name="text")
+        else:
+            self.text_tower = build_feature_branch(
+                config.text_dim, hidden_dims=config.text_hidden, output_dim=config.embed_dim,
+                layout=config.layout, dropout=config.dropout, name="text")
+        self.similarity_head = (build_similarity_head(config.embed_dim, config.similarity_head)
+                                if config.kind == "similarity" else None)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    # --- forward -----------------------------------------------------------
+    def call(self, inputs, training=False):
+        image = self.image_tower(inputs["image"], training=training)
+        text = self.text_tower(inputs["text"], training=training)
+        out = {"image_embedding": image, "text_embedding": text}
+        if self.similarity_head is not None and inputs.get("paired", True):
+            out["logits"] = tf.squeeze(self.similarity_head(image * text, training=training), -1)
+        return out
+
+    def build_all(self):
+        """Creates every variable (needed before loading weights)."""
+        image = tf.zeros([2, self.config.image_dim])
+        if self.config.text_encoder == "lstm":
+            text = tf.zeros([2, self.config.max_len], tf.int32)
+        else:
+            text = tf.zeros([2, self.config.text_dim])
+        self({"image": image, "text": text})
+        return self
+
+    # --- training ------------------------------------------------------------
+    def compute_task_loss(self, batch, training):
+        out = self(batch, training=training)
+        if self.config.kind == "embedding":
+            return losses.bidirectional_ranking_loss(
+                out["image_embedding"], out["text_embedding"], batch["labels"],
+                **self.config.loss_kwargs())
+        return losses.logistic_pair_loss(out["logits"], batch["labels"])
+
+    def train_step(self, data):
+        with tf.GradientTape() as tape:
+            loss = self.compute_task_loss(data, training=True)
+            # Keras sums gradients over replicas; dividing by their number makes
+            # the update that of the mean loss.
+            scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
+        grads = tape.gradient(scaled, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        self.loss_tracker.update_state(loss)
+        return {"loss": self.loss_tracker.result()}
+
+    def test_step(self, data):
+        loss = self.compute_task_loss(data, training=False)
+        self.loss_tracker.update_state(loss)
+        return {"loss": self.loss_tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker]
+
+    # --- embedding and scoring ---------------------------------------------------
+    def embed_images(self, image_features, batch_size: int = 1024) -> np.ndarray:
+        return _predict_in_batches(self.image_tower, image_features, batch_size)
+
+    def embed_texts(self, texts, batch_size: int = 1024) -> np.ndarray:
+        return _predict_in_batches(self.text_tower, texts, batch_size)
+
+    def score_fn(self, image_embeds: np.ndarray, text_embeds: np.ndarray,
+                 pair_batch: int = 262144):
+        """A `score_fn(start, stop)` for the evaluation core (higher = better)."""
+        if self.similarity_head is None:
+            return lambda a, b: image_embeds @ text_embeds[a:b].T
+        head = self.similarity_head
+
+        @tf.function(reduce_retracing=True)
+        def head_scores(img, txt):
+            joint = tf.reshape(img[:, None, :] * txt[None, :, :], [-1, img.shape[-1]])
+            return tf.reshape(head(joint, training=False), [tf.shape(img)[0], -1])
+
+        def score(a, b):
+            cols = max(1, pair_batch // max(1, len(image_embeds)))
+            blocks = [head_scores(tf.constant(image_embeds), tf.constant(text_embeds[c:min(c + cols, b)])).numpy()
+                      for c in range(a, b, cols)]
+            return np.concatenate(blocks, axis=1)
+        return score
+
+    def evaluate(self, x=None, y=None, *, protocol: str = "full", batch_size: int = 1024,
+                 ks: Sequence[int] = retrieval.DEFAULT_KS, return_dict: bool = True,
+                 **kwargs) -> dict:
+        """Image–text retrieval metrics on a test split via the shared core.
+
+        `x` is a dict with ``image`` (num_images, ...) inputs, ``text``
+        (num_captions, ...) inputs and ``caption_image`` (num_captions,) —
+        as returned by `tf_twobranch.data.retrieval_data.RetrievalSplit.as_dict()`
+        — or any object with those attributes. Returns R@K in both
+        directions, median/mean rank and rsum, the same numbers as
+        `tf_twobranch.evaluation.retrieval` on the model's embeddings.
+        """
+        if x is None:
+            raise UserInputError("evaluate() needs the test data: a dict with "
+                                 "'image', 'text' and 'caption_image'")
+        if not isinstance(x, dict):
+            x = {k: getattr(x, k) for k in ("image", "text", "caption_image")}
+        missing = {"image", "text", "caption_image"} - set(x)
+        if missing:
+            raise UserInputError(f"evaluate() data lacks {sorted(missing)}")
+        image_embeds = self.embed_images(x["image"], batch_size)
+        text_embeds = self.embed_texts(x["text"], batch_size)
+        caption_image = np.asarray(x["caption_image"])
+        if self.similarity_head is None:
+            return retrieval.evaluate_protocol(image_embeds, text_embeds, caption_image,
+                                               protocol, ks=ks)
+        i2t, t2i = retrieval.ranks_from_score_fn(
+            self.score_fn(image_embeds, text_embeds), len(image_embeds), caption_image)
+        return retrieval.retrieval_metrics_from_ranks(i2t, t2i, ks)
+
+    def sentence_retrieval(self, texts, caption_image, batch_size: int = 1024) -> dict:
+        """Sentence-to-sentence retrieval R@K (TPAMI Table 4) in the text space."""
+        return retrieval.sentence_retrieval_metrics(self.embed_texts(texts, batch_size),
+                                                    caption_image)
+
+
+def _predict_in_batches(tower: keras.Model, inputs, batch_size: int) -> np.ndarray:
+    inputs = np.asarray(inputs)
+    if len(inputs) == 0:
+        raise UserInputError("nothing to embed: empty input")
+    fn = tf.function(lambda x: tower(x, training=False), reduce_retracing=True)
+    out = [fn(tf.constant(inputs[i:i + batch_size])).numpy()
+           for i in range(0, len(inputs), batch_size)]
+    return np.concatenate(out, axis=0)
+
+
+def build_model(config: TwoBranchConfig | dict) -> TwoBranchModel:
+    if isinstance(config, dict):
+        config = TwoBranchConfig.from_dict(config)
+    return TwoBranchModel(config).build_all()
+
+
+def save_config(path, config: TwoBranchConfig, **extra):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"model": config.to_dict(), **extra}, f, indent=2, sort_keys=True)
