@@ -1,0 +1,141 @@
+"""Tests for the proposal file formats and the built-in proposal generator."""
+import numpy as np
+import pytest
+
+from tf_twobranch.boxes import iou_matrix
+from tf_twobranch.data.formats import proposals as pf
+from tf_twobranch.data.proposal_generator import generate_proposals, generate_proposals_for_images
+from tf_twobranch.errors import DataFormatError
+
+BOXES = {
+    "100": np.array([[0, 0, 9, 9], [5.5, 2, 20, 30]], np.float32),
+    "200": np.array([[1, 2, 3, 4]], np.float32),
+}
+SCORES = {"100": np.array([0.9, 0.1], np.float32)}
+
+
+@pytest.mark.parametrize("name, kwargs", [("p.h5", {}), ("dir_npy", {}), ("dir_txt", {"directory_format": "txt"}),
+                                          ("dir_csv", {"directory_format": "csv"})])
+def test_round_trip(tmp_path, name, kwargs):
+    path = tmp_path / name
+    pf.write_proposals(path, BOXES, SCORES, **kwargs)
+    boxes, scores = pf.read_proposals(path, ["200", "100"], return_scores=True)
+    assert list(boxes) == ["200", "100"]
+    for key in BOXES:
+        np.testing.assert_array_equal(boxes[key], BOXES[key])
+        assert boxes[key].dtype == np.float32
+    np.testing.assert_array_equal(scores["100"], SCORES["100"])
+    assert scores["200"] is None
+    assert set(pf.read_proposals(path)) == {"100", "200"}  # all images when no ids are given
+
+
+def test_hdf5_layout(tmp_path):
+    import h5py
+
+    path = tmp_path / "p.hdf5"
+    pf.write_proposals(path, BOXES, SCORES)
+    with h5py.File(path, "r") as handle:
+        assert set(handle.keys()) == {"100", "100_scores", "200"}
+        assert handle["100"].shape == (2, 4) and handle["100"].dtype == np.float32
+        assert handle.attrs["format"] == pf.FORMAT_NAME
+
+
+def test_text_file_with_comments_and_commas(tmp_path):
+    (tmp_path / "7.txt").write_text("# x1 y1 x2 y2\n1, 2, 30, 40\n\n0 0 5 5\n")
+    boxes = pf.read_proposals(tmp_path, ["7"])
+    np.testing.assert_array_equal(boxes["7"], [[1, 2, 30, 40], [0, 0, 5, 5]])
+
+
+def test_missing_image_names_file_and_id(tmp_path):
+    path = tmp_path / "p.h5"
+    pf.write_proposals(path, BOXES)
+    with pytest.raises(DataFormatError, match="no proposals for image 300") as info:
+        pf.read_proposals(path, ["100", "300"])
+    assert "p.h5" in str(info.value) and info.value.record == "300"
+    pf.write_proposals(tmp_path / "d", BOXES)
+    with pytest.raises(DataFormatError, match="no proposals for image 300"):
+        pf.read_proposals(tmp_path / "d", ["300"])
+
+
+def test_invalid_boxes_reported(tmp_path):
+    (tmp_path / "7.txt").write_text("1 2 30 40\n10 2 5 40\n")
+    with pytest.raises(DataFormatError, match="zero or negative area") as info:
+        pf.read_proposals(tmp_path, ["7"])
+    assert info.value.line == 2 and "7.txt" in str(info.value)
+    (tmp_path / "8.txt").write_text("1 2 30\n")
+    with pytest.raises(DataFormatError, match="x1 y1 x2 y2"):
+        pf.read_proposals(tmp_path, ["8"])
+    np.save(tmp_path / "9.npy", np.array([[0, 0, np.nan, 3]], np.float32))
+    with pytest.raises(DataFormatError, match="NaN"):
+        pf.read_proposals(tmp_path, ["9"])
+    np.save(tmp_path / "7b.npy", np.zeros((3, 3), np.float32))
+    with pytest.raises(DataFormatError, match=r"\(N, 4\)"):
+        pf.read_proposals(tmp_path, ["7b"])
+
+
+def test_ambiguous_and_missing_paths(tmp_path):
+    np.save(tmp_path / "5.npy", np.zeros((1, 4), np.float32))
+    (tmp_path / "5.txt").write_text("0 0 1 1\n")
+    with pytest.raises(DataFormatError, match="several proposal files"):
+        pf.read_proposals(tmp_path, ["5"])
+    with pytest.raises(DataFormatError, match="not found"):
+        pf.read_proposals(tmp_path / "nope.h5", ["5"])
+    (tmp_path / "junk.h5").write_text("not hdf5")
+    with pytest.raises(DataFormatError, match="HDF5"):
+        pf.read_proposals(tmp_path / "junk.h5", ["5"])
+
+
+# ---------------------------------------------------------------- generator
+
+
+def _synthetic_image(seed, height=240, width=320, count=4):
+    rng = np.random.default_rng(seed)
+    image = np.clip(rng.normal(128, 30, (height, width, 3)), 0, 255).astype(np.uint8)
+    boxes = []
+    while len(boxes) < count:
+        box_w, box_h = rng.integers(20, width // 2), rng.integers(20, height // 2)
+        x, y = rng.integers(0, width - box_w), rng.integers(0, height - box_h)
+        box = [x, y, x + box_w - 1, y + box_h - 1]
+        if boxes and iou_matrix([box], boxes).max() > 0:
+            continue
+        image[y:y + box_h, x:x + box_w] = rng.integers(0, 256, 3)
+        boxes.append(box)
+    return image, np.asarray(boxes, np.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_generator_recalls_rectangles(seed):
+    image, truth = _synthetic_image(seed)
+    proposals = generate_proposals(image, num_proposals=200, seed=0)
+    assert proposals.shape == (200, 4) and proposals.dtype == np.float32
+    assert (iou_matrix(truth, proposals).max(axis=1) >= 0.5).all()
+    np.testing.assert_array_equal(proposals, generate_proposals(image, num_proposals=200, seed=0))
+
+
+def test_generator_tiny_and_flat_images_return_exact_count():
+    flat = np.full((20, 30, 3), 90, np.uint8)
+    boxes = generate_proposals(flat, num_proposals=50)
+    assert boxes.shape == (50, 4)
+    assert (boxes[:, 2] <= 29).all() and (boxes[:, 3] <= 19).all() and (boxes >= 0).all()
+
+
+def test_generator_on_real_jpeg(realdata, tmp_path):
+    image_path = realdata / "flickr30k" / "images" / "4945942737.jpg"
+    out = tmp_path / "proposals.h5"
+    written = generate_proposals_for_images([image_path], out, num_proposals=100)
+    boxes = pf.read_proposals(out, ["4945942737"])["4945942737"]
+    np.testing.assert_array_equal(boxes, written["4945942737"])
+    from PIL import Image
+
+    with Image.open(image_path) as handle:
+        width, height = handle.size
+    assert boxes.shape == (100, 4)
+    assert (boxes[:, 2] >= boxes[:, 0]).all() and (boxes[:, 3] >= boxes[:, 1]).all()
+    assert (boxes[:, 2] <= width - 1).all() and (boxes[:, 3] <= height - 1).all()
+
+
+def test_generator_bad_image_file(tmp_path):
+    bad = tmp_path / "x.jpg"
+    bad.write_bytes(b"not a jpeg")
+    with pytest.raises(DataFormatError, match="cannot decode"):
+        generate_proposals_for_images([bad], tmp_path / "p.h5")

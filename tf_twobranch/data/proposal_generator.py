@@ -1,0 +1,261 @@
+"""A built-in, dependency-free region-proposal generator ("EdgeBoxes-lite").
+
+The two-branch paper ranks 200 EdgeBox proposals per image (Zitnick & Dollár
+2014).  When no proposals are available for an image this module generates a
+deterministic substitute with numpy/scipy only.  It is *not* EdgeBoxes (no
+structured-forest edges, no edge grouping), so its recall is lower; use real
+proposals (see :mod:`tf_twobranch.data.formats.proposals`) for paper numbers.
+
+Algorithm, on a copy of the image resized so its long side is at most
+``work_size`` pixels:
+
+1. Edge map: Gaussian smoothing, per-channel Sobel gradient magnitude, max
+   over channels, normalised to [0, 1] and soft-thresholded to suppress noise.
+2. Candidates:
+
+   * multi-scale sliding windows (several sizes and aspect ratios, stride a
+     quarter of the window);
+   * bounding boxes of connected components of (a) colour-quantised regions
+     and (b) salient regions (colour far from the image's median colour) at
+     several thresholds — these find whole objects;
+   * seeded random jitter around the best candidates.
+3. Score: EdgeBoxes' intuition — an object box has strong edges along its
+   border but few edges crossing just outside it.  ``score = (mean edge in the
+   inner border band − mean edge in the outer band) · sqrt(relative area)^0.25``.
+4. Greedy non-maximum suppression (IoU 0.7, relaxed if too few survive);
+   the top ``num_proposals`` boxes, padded with seeded random boxes so that
+   exactly ``num_proposals`` are returned.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+from scipy import ndimage
+
+from tf_twobranch.boxes import clip_boxes, non_max_suppression, validate_boxes
+from tf_twobranch.errors import DataFormatError
+
+
+def _edge_map(image: np.ndarray, sigma: float) -> np.ndarray:
+    smoothed = ndimage.gaussian_filter(image, sigma=(sigma, sigma, 0))
+    magnitude = np.zeros(image.shape[:2], np.float64)
+    for channel in range(image.shape[2]):
+        gx = ndimage.sobel(smoothed[:, :, channel], axis=1)
+        gy = ndimage.sobel(smoothed[:, :, channel], axis=0)
+        magnitude = np.maximum(magnitude, np.hypot(gx, gy))
+    peak = np.percentile(magnitude, 99.5)
+    if peak <= 0:
+        return np.zeros_like(magnitude)
+    magnitude = np.clip(magnitude / peak, 0, 1)
+    # Soft threshold: background texture/noise contributes little.
+    floor = np.percentile(magnitude, 60)
+    return np.clip((magnitude - floor) / max(1e-6, 1 - floor), 0, 1)
+
+
+def _integral(values: np.ndarray) -> np.ndarray:
+    table = np.zeros((values.shape[0] + 1, values.shape[1] + 1), np.float64)
+    table[1:, 1:] = values.cumsum(0).cumsum(1)
+    return table
+
+
+def _box_sums(table: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Sums over inclusive integer boxes [x1, y1, x2, y2] (already clipped)."""
+    x1, y1, x2, y2 = (boxes[:, i].astype(np.int64) for i in range(4))
+    return table[y2 + 1, x2 + 1] - table[y1, x2 + 1] - table[y2 + 1, x1] + table[y1, x1]
+
+
+def _score_boxes(edges_table: np.ndarray, boxes: np.ndarray, height: int, width: int) -> np.ndarray:
+    boxes = np.round(boxes).astype(np.int64)
+    box_w = boxes[:, 2] - boxes[:, 0] + 1
+    box_h = boxes[:, 3] - boxes[:, 1] + 1
+    band = np.maximum(1, np.round(0.1 * np.minimum(box_w, box_h))).astype(np.int64)
+    inner = boxes + np.stack([band, band, -band, -band], axis=1)
+    inner_valid = (inner[:, 2] >= inner[:, 0]) & (inner[:, 3] >= inner[:, 1])
+    inner = np.where(inner_valid[:, None], inner, boxes)
+    outer = boxes + np.stack([-band, -band, band, band], axis=1)
+    outer[:, [0, 2]] = np.clip(outer[:, [0, 2]], 0, width - 1)
+    outer[:, [1, 3]] = np.clip(outer[:, [1, 3]], 0, height - 1)
+
+    def area(b):
+        return ((b[:, 2] - b[:, 0] + 1) * (b[:, 3] - b[:, 1] + 1)).astype(np.float64)
+
+    box_sum = _box_sums(edges_table, boxes)
+    inner_sum = np.where(inner_valid, _box_sums(edges_table, inner), 0.0)
+    outer_sum = _box_sums(edges_table, outer)
+    inner_band_area = np.maximum(area(boxes) - np.where(inner_valid, area(inner), 0.0), 1.0)
+    outer_band_area = area(outer) - area(boxes)
+    inner_density = (box_sum - inner_sum) / inner_band_area
+    outer_density = np.where(outer_band_area > 0, (outer_sum - box_sum) / np.maximum(outer_band_area, 1.0), 0.0)
+    relative_area = area(boxes) / float(width * height)
+    return (inner_density - outer_density) * relative_area ** 0.125
+
+
+def _sliding_windows(height: int, width: int) -> np.ndarray:
+    boxes = []
+    short = min(height, width)
+    for fraction in (0.1, 0.15, 0.22, 0.32, 0.45, 0.6, 0.8):
+        for aspect in (0.5, 1.0, 2.0):  # width / height
+            box_w = min(width, max(4, int(round(fraction * short * np.sqrt(aspect)))))
+            box_h = min(height, max(4, int(round(fraction * short / np.sqrt(aspect)))))
+            xs = np.unique(np.round(np.linspace(0, width - box_w, max(1, int(np.ceil(4 * (width - box_w) / box_w)) + 1))))
+            ys = np.unique(np.round(np.linspace(0, height - box_h, max(1, int(np.ceil(4 * (height - box_h) / box_h)) + 1))))
+            gx, gy = np.meshgrid(xs, ys)
+            gx, gy = gx.ravel(), gy.ravel()
+            boxes.append(np.stack([gx, gy, gx + box_w - 1, gy + box_h - 1], axis=1))
+    boxes.append(np.array([[0, 0, width - 1, height - 1]], np.float64))
+    return np.concatenate(boxes).astype(np.float64)
+
+
+def _component_boxes(mask: np.ndarray, min_pixels: int) -> list[list[float]]:
+    labels, count = ndimage.label(mask)
+    if count == 0:
+        return []
+    sizes = ndimage.sum_labels(np.ones_like(labels), labels, index=np.arange(1, count + 1))
+    boxes = []
+    for index, slices in enumerate(ndimage.find_objects(labels)):
+        if slices is None or sizes[index] < min_pixels:
+            continue
+        rows, cols = slices
+        boxes.append([cols.start, rows.start, cols.stop - 1, rows.stop - 1])
+    return boxes
+
+
+def _region_boxes(image: np.ndarray, min_pixels: int) -> np.ndarray:
+    smoothed = ndimage.gaussian_filter(image, sigma=(2, 2, 0))
+    boxes: list[list[float]] = []
+    # (a) colour-quantised regions.
+    for levels in (3, 5):
+        quantised = np.clip((smoothed * levels).astype(np.int64), 0, levels - 1)
+        codes = quantised[:, :, 0] * levels * levels + quantised[:, :, 1] * levels + quantised[:, :, 2]
+        for code in np.unique(codes):
+            mask = ndimage.binary_opening(codes == code, iterations=1)
+            boxes.extend(_component_boxes(mask, min_pixels))
+    # (b) salient regions: far from the median colour.
+    distance = np.linalg.norm(smoothed - np.median(smoothed.reshape(-1, 3), axis=0), axis=2)
+    for percentile in (50, 70, 85, 93):
+        mask = ndimage.binary_opening(distance > np.percentile(distance, percentile), iterations=1)
+        boxes.extend(_component_boxes(mask, min_pixels))
+    if not boxes:
+        return np.zeros((0, 4), np.float64)
+    return np.unique(np.asarray(boxes, np.float64), axis=0)
+
+
+def _random_boxes(rng: np.random.Generator, count: int, height: int, width: int) -> np.ndarray:
+    box_w = rng.uniform(0.1, 1.0, count) * width
+    box_h = rng.uniform(0.1, 1.0, count) * height
+    x1 = rng.uniform(0, 1, count) * (width - box_w)
+    y1 = rng.uniform(0, 1, count) * (height - box_h)
+    return np.stack([x1, y1, x1 + box_w - 1, y1 + box_h - 1], axis=1)
+
+
+def generate_proposals(image: np.ndarray, num_proposals: int = 200, seed: int = 0, *,
+                       work_size: int = 192, nms_iou: float = 0.7) -> np.ndarray:
+    """Returns float32 (num_proposals, 4) boxes [x1, y1, x2, y2] (0-based, inclusive), best first.
+
+    Args:
+      image: HxWx3 uint8 RGB image (HxW grayscale and HxWx4 are accepted).
+      num_proposals: number of boxes returned (always exactly this many).
+      seed: seed of the jitter/padding randomness; equal inputs give equal outputs.
+      work_size: long side of the downscaled copy the boxes are computed on.
+      nms_iou: IoU above which a lower-scored candidate is suppressed.
+    """
+    array = np.asarray(image)
+    if array.ndim == 2:
+        array = np.repeat(array[:, :, None], 3, axis=2)
+    if array.ndim != 3 or array.shape[2] not in (3, 4) or min(array.shape[:2]) < 2:
+        raise ValueError(f"expected an HxWx3 image, got shape {array.shape}")
+    if num_proposals < 1:
+        raise ValueError("num_proposals must be positive")
+    array = array[:, :, :3]
+    height, width = array.shape[:2]
+    rng = np.random.default_rng(seed)
+
+    scale = min(1.0, work_size / max(height, width))
+    if scale < 1.0:
+        zoom = (max(2, round(height * scale)) / height, max(2, round(width * scale)) / width, 1)
+        small = ndimage.zoom(array.astype(np.float64) / 255.0, zoom, order=1)
+    else:
+        zoom = (1.0, 1.0, 1)
+        small = array.astype(np.float64) / 255.0
+    small_h, small_w = small.shape[:2]
+
+    edges = _edge_map(small, sigma=1.0)
+    table = _integral(edges)
+    min_pixels = max(6, int(0.0015 * small_h * small_w))
+    windows = _sliding_windows(small_h, small_w)
+    regions = _region_boxes(small, min_pixels)
+    candidates = np.concatenate([windows, regions])
+    scores = _score_boxes(table, candidates, small_h, small_w)
+
+    # Jitter the best candidates to refine their borders.
+    top = candidates[np.argsort(-scores, kind="stable")[:150]]
+    widths = (top[:, 2] - top[:, 0] + 1)[:, None]
+    heights = (top[:, 3] - top[:, 1] + 1)[:, None]
+    jitter = []
+    for _ in range(4):
+        noise = rng.normal(0, 0.07, size=top.shape)
+        jitter.append(top + noise * np.concatenate([widths, heights, widths, heights], axis=1))
+    jitter = clip_boxes(np.concatenate(jitter), small_w, small_h).astype(np.float64)
+    jitter = np.round(jitter)
+    jitter = jitter[(jitter[:, 2] > jitter[:, 0]) & (jitter[:, 3] > jitter[:, 1])]
+    candidates = np.concatenate([candidates, jitter])
+    scores = np.concatenate([scores, _score_boxes(table, jitter, small_h, small_w)])
+
+    # Region boxes outline whole segments, which windows rarely match; the best
+    # of them (up to half the budget, and their jittered copies) go first.
+    priority = scores.copy()
+    region_slice = np.arange(len(windows), len(windows) + len(regions))
+    best_regions = region_slice[np.argsort(-scores[region_slice], kind="stable")[: num_proposals // 2]]
+    priority[best_regions] += 10.0
+    kept = non_max_suppression(candidates, priority, nms_iou, max_output=num_proposals)
+    if len(kept) < num_proposals:  # too few distinct boxes: relax NMS, keep order.
+        rest = np.setdiff1d(np.argsort(-scores, kind="stable"), kept, assume_unique=True)
+        order = np.argsort(-scores[rest], kind="stable")
+        kept = np.concatenate([kept, rest[order][: num_proposals - len(kept)]])
+    boxes = candidates[kept]
+    if len(boxes) < num_proposals:
+        boxes = np.concatenate([boxes, _random_boxes(rng, num_proposals - len(boxes), small_h, small_w)])
+
+    # Back to original pixel coordinates (inclusive pixel edges).
+    boxes = boxes.copy()
+    sx, sy = 1.0 / zoom[1], 1.0 / zoom[0]
+    boxes[:, [0, 2]] = np.stack([boxes[:, 0] * sx, (boxes[:, 2] + 1) * sx - 1], axis=1)
+    boxes[:, [1, 3]] = np.stack([boxes[:, 1] * sy, (boxes[:, 3] + 1) * sy - 1], axis=1)
+    boxes = clip_boxes(np.round(boxes), width, height)
+    return validate_boxes(boxes, width, height, record="generated proposals")
+
+
+def generate_proposals_for_images(image_paths: Iterable[str | os.PathLike], out_path, num_proposals: int = 200,
+                                  seed: int = 0, image_ids: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """Generates proposals for each image file and writes them to ``out_path`` (HDF5 or directory).
+
+    Image ids are the file names without extension unless ``image_ids`` is
+    given.  Scores are the rank order (1 for the best box, decreasing).
+    Returns the proposals written.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    from tf_twobranch.data.formats.proposals import write_proposals
+
+    image_paths = [os.fspath(p) for p in image_paths]
+    if image_ids is None:
+        image_ids = [os.path.splitext(os.path.basename(p))[0] for p in image_paths]
+    if len(image_ids) != len(image_paths):
+        raise ValueError("image_ids and image_paths differ in length")
+    if len(set(image_ids)) != len(image_ids):
+        raise DataFormatError(out_path, "several images share an image id; pass distinct image_ids")
+    proposals, scores = {}, {}
+    for image_id, path in zip(image_ids, image_paths):
+        try:
+            with Image.open(path) as handle:
+                pixels = np.asarray(handle.convert("RGB"))
+        except FileNotFoundError:
+            raise DataFormatError(path, "image file not found") from None
+        except (UnidentifiedImageError, OSError) as error:
+            raise DataFormatError(path, f"cannot decode image: {error}") from None
+        proposals[image_id] = generate_proposals(pixels, num_proposals=num_proposals, seed=seed)
+        scores[image_id] = np.linspace(1.0, 0.0, num_proposals, endpoint=False, dtype=np.float32)
+    write_proposals(out_path, proposals, scores)
+    return proposals
