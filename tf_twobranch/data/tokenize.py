@@ -72,7 +72,7 @@ def tf_tokenize(strings):
         Python string or list is converted.
     Returns:
       tf.RaggedTensor of tf.string tokens with one more (ragged) dimension
-      than `strings`.
+      than `strings` (for a scalar string: a 1-D tf.string Tensor).
     """
     import tensorflow as tf
     import tensorflow_text as tf_text
