@@ -17,6 +17,7 @@ setup(
     install_requires=[
         "tensorflow>=2.18,<2.22",
         "tensorflow-text>=2.18,<2.22",
+        "tensorboard>=2.18,<3",
         "keras>=3.6,<4",
         "numpy>=1.26,<3",
         "scikit-learn>=1.5,<2",

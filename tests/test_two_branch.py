@@ -1,0 +1,102 @@
+"""Two-branch models: build, train, evaluate via the shared core, save/load."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.evaluation import retrieval
+from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.sampling import image_sentence as S
+from tf_twobranch.training import trainer
+
+
+def synthetic(num_images=60, caps=5, dim_i=12, dim_t=10, seed=0):
+    """Images and captions as noisy linear views of a shared latent."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(num_images, 6))
+    img = z @ rng.normal(size=(6, dim_i)) + 0.1 * rng.normal(size=(num_images, dim_i))
+    zc = np.repeat(z, caps, 0) + 0.3 * rng.normal(size=(num_images * caps, 6))
+    txt = zc @ rng.normal(size=(6, dim_t))
+    return img.astype(np.float32), txt.astype(np.float32), np.repeat(np.arange(num_images), caps)
+
+
+def tiny_config(**kw):
+    base = dict(image_dim=12, text_dim=10, image_hidden=(32,), text_hidden=(32,), embed_dim=8,
+                top_k=3, dropout=0.0)
+    base.update(kw)
+    return TwoBranchConfig(**base)
+
+
+def test_config_round_trip_and_validation():
+    cfg = tiny_config(layout="paper")
+    assert TwoBranchConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ConfigError, match="layout"):
+        tiny_config(layout="fancy")
+    with pytest.raises(ConfigError, match="unknown model config keys"):
+        TwoBranchConfig.from_dict({"imag_dim": 3})
+
+
+@pytest.mark.parametrize("layout,hidden", [("original", (32,)), ("paper", (32,)),
+                                           ("original", ())])
+def test_towers_output_unit_vectors(layout, hidden):
+    model = build_model(tiny_config(layout=layout, image_hidden=hidden, text_hidden=hidden))
+    emb = model.embed_images(np.random.rand(5, 12).astype(np.float32))
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+    names = [l.name for l in model.image_tower.layers]
+    if layout == "original" and hidden:
+        assert names.index("image_bn1") < names.index("image_relu1")
+        assert not any(n.startswith("image_bn2") for n in names)
+    if layout == "paper" and hidden:
+        assert "image_bn2" in names
+
+
+def test_embedding_network_learns_and_evaluate_matches_core(tmp_path):
+    img, txt, cap_img = synthetic()
+    model = build_model(tiny_config())
+    before = model.evaluate({"image": img, "text": txt, "caption_image": cap_img})
+    ds = S.attach_features(S.image_sentence_batches(cap_img, 60, batch_size=20, seed=0),
+                           img, txt)
+    cfg = trainer.TrainConfig(epochs=8, learning_rate=3e-3, verbose=0)
+    trainer.train(model, ds, cfg, tmp_path, steps_per_epoch=15)
+    after = model.evaluate({"image": img, "text": txt, "caption_image": cap_img})
+    assert after["t2i_r1"] > before["t2i_r1"] + 10
+    core = retrieval.retrieval_metrics(model.embed_images(img), model.embed_texts(txt), cap_img)
+    assert after == core
+    # rebuild from the run directory alone
+    trainer.write_json_atomic(tmp_path / "run_config.json", {"model": model.config.to_dict()})
+    restored, _ = trainer.load_trained_model(tmp_path)
+    np.testing.assert_allclose(restored.embed_texts(txt), model.embed_texts(txt), atol=1e-6)
+    assert (tmp_path / "checkpoints" / "epoch_0008.weights.h5").exists()
+
+
+def test_similarity_network_trains_on_balanced_pairs(tmp_path):
+    img, txt, cap_img = synthetic()
+    model = build_model(tiny_config(kind="similarity", similarity_head=(16, 8)))
+    ds = S.attach_features(S.similarity_pair_batches(cap_img, 60, batch_size=30), img, txt)
+    hist = trainer.train(model, ds, trainer.TrainConfig(epochs=4, learning_rate=3e-3, verbose=0),
+                         tmp_path, steps_per_epoch=10)
+    assert hist.history["loss"][-1] < hist.history["loss"][0]
+    m = model.evaluate({"image": img, "text": txt, "caption_image": cap_img})
+    i2t, t2i = retrieval.ranks_from_score_fn(
+        model.score_fn(model.embed_images(img), model.embed_texts(txt)), 60, cap_img)
+    assert m == retrieval.retrieval_metrics_from_ranks(i2t, t2i)
+
+
+def test_lstm_text_tower_accepts_strings():
+    from tf_twobranch.models.text_towers import build_string_text_tower
+    vocab = ["<pad>", "<unk>", "a", "red", "seven", "blue"]
+    model = build_model(tiny_config(text_encoder="lstm", vocabulary=vocab, max_len=6,
+                                    word_dim=4, lstm_units=5))
+    tower = build_string_text_tower(model.text_tower, vocab, 6)
+    out = tower(tf.constant(["A red seven", "a blue zebra", ""]))
+    assert out.shape == (3, 8)
+    ids = tower.get_layer("caption_tokenizer")(tf.constant(["A red seven!"])).numpy()
+    np.testing.assert_array_equal(ids[0], [2, 3, 4, 0, 0, 0])
+
+
+def test_evaluate_rejects_missing_data():
+    model = build_model(tiny_config())
+    with pytest.raises(UserInputError, match="caption_image"):
+        model.evaluate({"image": np.zeros((2, 12)), "text": np.zeros((2, 10))})
