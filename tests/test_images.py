@@ -1,0 +1,105 @@
+"""Tests for tf_twobranch.features.images."""
+import numpy as np
+import pytest
+from PIL import Image
+
+from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features import images
+
+
+def gradient_image(height=20, width=20):
+    """R = column index, G = row index, B = constant."""
+    rows, cols = np.mgrid[0:height, 0:width]
+    return np.stack([cols, rows, np.full_like(rows, 7)], axis=-1).astype(np.uint8)
+
+
+def test_ten_crops_geometry():
+    image = gradient_image(20, 20)
+    crops = images.ten_crops(image, crop_size=12, resize_to=20)  # no resize: exact pixels
+    assert crops.shape == (10, 12, 12, 3) and crops.dtype == np.uint8
+    expected_top_left = {"top_left": (0, 0), "top_right": (0, 8), "bottom_left": (8, 0),
+                         "bottom_right": (8, 8), "center": (4, 4)}
+    for index, name in enumerate(images.CROP_NAMES[:5]):
+        top, left = expected_top_left[name]
+        crop = crops[index]
+        assert crop[0, 0, 0] == left and crop[0, 0, 1] == top, name
+        assert crop[-1, -1, 0] == left + 11 and crop[-1, -1, 1] == top + 11, name
+        mirror = crops[index + 5]
+        np.testing.assert_array_equal(mirror, crop[:, ::-1])
+        # Mirrored: first column holds the crop's rightmost column.
+        assert mirror[0, 0, 0] == left + 11 and mirror[0, -1, 0] == left
+
+
+def test_ten_crops_resizes_to_square_first():
+    image = gradient_image(30, 45)
+    crops = images.ten_crops(image, crop_size=16, resize_to=18)
+    assert crops.shape == (10, 16, 16, 3)
+    # After the resize the gradient spans 0..44 over 18 columns; the right crops see larger R.
+    assert crops[1, :, :, 0].mean() > crops[0, :, :, 0].mean()
+    assert crops[2, :, :, 1].mean() > crops[0, :, :, 1].mean()
+
+
+def test_ten_crops_rejects_bad_sizes():
+    with pytest.raises(ConfigError):
+        images.ten_crops(gradient_image(), crop_size=30, resize_to=20)
+
+
+def test_center_crop_and_resize_shorter_side():
+    image = gradient_image(20, 30)
+    crop = images.center_crop(image, 10)
+    assert crop[0, 0, 0] == 10 and crop[0, 0, 1] == 5
+    assert images.resize_shorter_side(image, 10).shape == (10, 15, 3)
+    assert images.resize_shorter_side(gradient_image(30, 20), 10).shape == (15, 10, 3)
+    with pytest.raises(ConfigError):
+        images.center_crop(image, 25)
+
+
+def test_load_image_converts_modes(tmp_path):
+    gray = tmp_path / "gray.png"
+    Image.fromarray(np.full((5, 6), 100, np.uint8), mode="L").save(gray)
+    rgba = tmp_path / "rgba.png"
+    Image.fromarray(np.full((4, 3, 4), 50, np.uint8), mode="RGBA").save(rgba)
+    assert images.load_image(gray).shape == (5, 6, 3)
+    loaded = images.load_image(rgba)
+    assert loaded.shape == (4, 3, 3) and loaded.dtype == np.uint8 and loaded[0, 0, 0] == 50
+
+
+def test_load_image_errors_name_the_file(tmp_path):
+    with pytest.raises(DataFormatError, match="missing.jpg.*does not exist"):
+        images.load_image(tmp_path / "missing.jpg")
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    with pytest.raises(DataFormatError, match="empty.jpg.*empty"):
+        images.load_image(empty)
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"this is not a jpeg at all" * 10)
+    with pytest.raises(DataFormatError, match="corrupt.jpg.*cannot decode"):
+        images.load_image(corrupt)
+    truncated = tmp_path / "truncated.jpg"
+    Image.fromarray(gradient_image(64, 64)).save(tmp_path / "full.jpg")
+    truncated.write_bytes((tmp_path / "full.jpg").read_bytes()[:200])
+    with pytest.raises(DataFormatError, match="truncated.jpg"):
+        images.load_image(truncated)
+
+
+def test_load_real_jpegs(realdata):
+    paths = sorted((realdata / "flickr30k" / "images").glob("*.jpg"))
+    assert len(paths) == 8
+    for path in paths:
+        image = images.load_image(path)
+        assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+        assert min(image.shape[:2]) >= 100
+        assert images.ten_crops(image, 32, 40).shape == (10, 32, 32, 3)
+
+
+def test_tf_decode_and_ten_crops(tmp_path):
+    import tensorflow as tf
+
+    image = gradient_image(20, 20)
+    Image.fromarray(image).save(tmp_path / "g.png")
+    decoded = images.tf_decode_image(tf.constant((tmp_path / "g.png").read_bytes()))
+    np.testing.assert_array_equal(decoded.numpy(), image)
+    crops = images.tf_ten_crops(decoded, crop_size=12, resize_to=20).numpy()
+    np.testing.assert_allclose(crops, images.ten_crops(image, 12, 20).astype(np.float32), atol=1e-3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bad.jpg: cannot decode"):
+        images.tf_decode_image(tf.constant(b"garbage bytes"), name="bad.jpg")
