@@ -1,0 +1,161 @@
+"""Tests for image/region feature extraction and the scene CNN."""
+import keras
+import numpy as np
+import pytest
+from PIL import Image
+
+from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features import backbones, image_features, images, scene_cnn
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (40, 60, 230), "yellow": (230, 220, 30)}
+
+
+def colour_squares(count, size=32, seed=0):
+    """Images with one coloured square on a noisy dark background, and captions naming its colour."""
+    rng = np.random.default_rng(seed)
+    names = list(COLOURS)
+    pictures = rng.integers(0, 60, (count, size, size, 3)).astype(np.uint8)
+    labels = rng.integers(0, len(names), count)
+    captions = []
+    for index, label in enumerate(labels):
+        side = int(rng.integers(size // 4, size // 2))
+        top, left = rng.integers(0, size - side, 2)
+        pictures[index, top:top + side, left:left + side] = COLOURS[names[label]]
+        colour = names[label]
+        captions.append([["a", colour, "square"], ["the", colour, "box", "on", "dark", "noise"],
+                         [colour, "square"], ["a", "small", colour, "block"], ["one", colour, "square"]])
+    return pictures, captions, labels
+
+
+class MeanColour(keras.layers.Layer):
+    """A deterministic toy backbone: per-channel means and the pixel at (0, 0)."""
+
+    def call(self, inputs):
+        return keras.ops.concatenate([keras.ops.mean(inputs, axis=(1, 2)), inputs[:, 0, 0, :]], axis=-1)
+
+
+def toy_backbone(size=16):
+    inputs = keras.Input((size, size, 3))
+    return keras.Model(inputs, MeanColour()(inputs), name="toy")
+
+
+def write_jpegs(directory, count=3, size=(40, 30)):
+    rng = np.random.default_rng(0)
+    paths = []
+    for index in range(count):
+        path = directory / f"{index}.png"
+        Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def test_extract_image_features_ten_crop_average(tmp_path):
+    paths = write_jpegs(tmp_path)
+    backbone = toy_backbone(16)
+    features = image_features.extract_image_features(paths, backbone, ten_crop=True, batch_size=2)
+    assert features.shape == (3, 6) and features.dtype == np.float32
+    crops = images.ten_crops(images.load_image(paths[1]), crop_size=16, resize_to=18)
+    expected = np.asarray(backbone(crops.astype(np.float32))).mean(axis=0)
+    np.testing.assert_allclose(features[1], expected, rtol=1e-5, atol=1e-4)
+    whole = image_features.extract_image_features(paths, backbone, ten_crop=False)
+    resized = images.resize(images.load_image(paths[2]), 16, 16).astype(np.float32)
+    np.testing.assert_allclose(whole[2], np.asarray(backbone(resized[None]))[0], rtol=1e-5, atol=1e-4)
+    # Crops larger than the backbone input are resized to it.
+    bigger = image_features.extract_image_features(paths, backbone, crop_size=24, resize_to=28)
+    assert bigger.shape == (3, 6)
+
+
+def test_extract_image_features_reports_bad_files(tmp_path):
+    paths = write_jpegs(tmp_path, count=1)
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8 broken")
+    with pytest.raises(DataFormatError, match="broken.jpg"):
+        image_features.extract_image_features(paths + [tmp_path / "broken.jpg"], toy_backbone())
+    with pytest.raises(DataFormatError, match="nothere.jpg"):
+        image_features.extract_image_features([tmp_path / "nothere.jpg"], toy_backbone())
+
+
+def test_region_features_equal_features_of_the_cropped_image():
+    keras.utils.set_random_seed(0)
+    backbone = backbones.build_backbone("resnet50", input_size=32)
+    image = np.random.default_rng(1).integers(0, 255, (50, 70, 3), dtype=np.uint8)
+    boxes = np.array([[0, 0, 70, 50], [10, 5, 40, 45], [3.5, 2.2, 20.1, 30.0]])
+    features = image_features.extract_region_features(image, boxes, backbone, batch_size=2)
+    assert features.shape == (3, 2048)
+    manual = image_features.extract_image_features([image[5:45, 10:40]], backbone, ten_crop=False)
+    np.testing.assert_allclose(features[1], manual[0], rtol=1e-4, atol=1e-4)
+    fractional = image_features.extract_image_features([image[2:30, 3:21]], backbone, ten_crop=False)
+    np.testing.assert_allclose(features[2], fractional[0], rtol=1e-4, atol=1e-4)
+    assert image_features.extract_region_features(image, np.zeros((0, 4)), backbone).shape == (0, 2048)
+
+
+def test_region_box_validation(tmp_path):
+    image = np.zeros((20, 30, 3), np.uint8)
+    backbone = toy_backbone()
+    with pytest.raises(DataFormatError, match="outside the 30x20 image"):
+        image_features.extract_region_features(image, [[0, 0, 31, 10]], backbone, source="img.jpg")
+    with pytest.raises(DataFormatError, match="img.jpg, record 1: .*empty"):
+        image_features.extract_region_features(image, [[0, 0, 5, 5], [5, 5, 5, 9]], backbone, source="img.jpg")
+    with pytest.raises(DataFormatError, match="outside"):
+        image_features.extract_region_features(image, [[-1, 0, 5, 5]], backbone)
+    with pytest.raises(DataFormatError, match=r"shape \(R, 4\)"):
+        image_features.extract_region_features(image, [[0, 0, 5]], backbone)
+    with pytest.raises(ConfigError):
+        image_features.extract_region_features(image, [[0, 0, 5, 5]], backbone, crop_size=99)
+
+
+def test_region_features_of_a_real_jpeg(realdata):
+    path = realdata / "flickr30k" / "images" / "4945942737.jpg"
+    height, width = images.load_image(path).shape[:2]
+    boxes = [[0, 0, width, height], [width // 4, height // 4, width // 2, height // 2]]
+    features = image_features.extract_region_features(path, boxes, toy_backbone())
+    assert features.shape == (2, 6) and np.all(np.isfinite(features))
+    with pytest.raises(DataFormatError, match="4945942737.jpg"):
+        image_features.extract_region_features(path, [[0, 0, width + 5, height]], toy_backbone())
+
+
+def test_vocabulary_and_targets():
+    captions = [[["a", "red", "square"], ["red", "box"]], [["a", "blue", "square"], ["blue", "one"]],
+                [["green", "square"], ["a", "square", "2"]]]
+    vocabulary = scene_cnn.build_caption_word_vocabulary(captions, vocab_size=10, min_images=1)
+    assert vocabulary[0] == "square" and "a" not in vocabulary and "2" not in vocabulary
+    targets = scene_cnn.caption_word_targets(captions, vocabulary)
+    assert targets[0, vocabulary.index("red")] == 1.0
+    assert targets[0, vocabulary.index("box")] == 0.5
+    assert targets[2, vocabulary.index("square")] == 1.0
+
+
+def test_scene_cnn_learns_colour_words(tmp_path):
+    from sklearn.linear_model import LogisticRegression
+
+    pictures, captions, _ = colour_squares(240, seed=0)
+    extractor = scene_cnn.train_scene_cnn(pictures, captions, feature_dim=64, epochs=6, batch_size=32,
+                                          vocab_size=20, seed=0)
+    assert set(COLOURS) <= set(extractor.vocabulary)
+    assert extractor.output_shape == (None, 64)
+    held_out, _, labels = colour_squares(200, seed=1)
+    features = image_features.extract_image_features(list(held_out), extractor, ten_crop=False, batch_size=64)
+    probe = LogisticRegression(max_iter=2000).fit(features[:100], labels[:100])
+    accuracy = probe.score(features[100:], labels[100:])
+    assert accuracy >= 0.9, accuracy
+    # Ten-crop views of a small image use crops relative to its input size.
+    ten = image_features.extract_image_features(list(held_out[:4]), extractor, ten_crop=True)
+    assert ten.shape == (4, 64)
+
+    path = tmp_path / "scene.keras"
+    scene_cnn.save_scene_cnn(extractor, path)
+    loaded = backbones.build_backbone("scene_cnn", weights_path=path)
+    np.testing.assert_allclose(loaded(held_out[:5].astype(np.float32)), extractor(held_out[:5].astype(np.float32)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_scene_cnn_errors(tmp_path):
+    with pytest.raises(DataFormatError, match="does not exist"):
+        scene_cnn.load_scene_cnn(tmp_path / "absent.keras")
+    bad = tmp_path / "bad.keras"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(DataFormatError, match="bad.keras"):
+        scene_cnn.load_scene_cnn(bad)
+    with pytest.raises(ConfigError, match="uint8"):
+        scene_cnn.train_scene_cnn(np.zeros((2, 32, 32, 3), np.float32), [[["a"]], [["b"]]])
+    with pytest.raises(ConfigError, match="captions for 1"):
+        scene_cnn.train_scene_cnn(np.zeros((2, 32, 32, 3), np.uint8), [[["a"]]])
