@@ -169,3 +169,42 @@ def test_tfidf_on_real_captions(realdata):
     same = np.mean([out[i] @ out[i + 1] for i in range(0, 200, 5)])
     other = np.mean([out[i] @ out[(i + 57) % 200] for i in range(0, 200, 5)])
     assert same > 2 * other
+
+
+def _run_module(module, *args):
+    import subprocess
+    import sys
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=repo, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_extract_text_features_cli(tmp_path):
+    from tf_twobranch.data.formats.features import load_feature_matrix
+
+    captions = tmp_path / "captions.token"
+    lines = []
+    for image in range(6):
+        for k in range(2):
+            lines.append(f"{100 + image}.jpg#{k}\tA dog number {image} runs on the red road {k} times.")
+    captions.write_text("\n".join(lines) + "\n")
+    (tmp_path / "train.txt").write_text("100\n101\n102\n103\n999\n")
+    (tmp_path / "test.txt").write_text("104\n105\n")
+    out_dir = tmp_path / "out"
+    result = _run_module("tf_twobranch.features.extract_text_features", f"--captions={captions}",
+                         f"--train_split={tmp_path / 'train.txt'}", f"--splits={tmp_path / 'test.txt'}",
+                         "--encoder=tfidf", f"--out_dir={out_dir}")
+    assert result.returncode == 0, result.stderr
+    features = load_feature_matrix(out_dir / "test_text_features.h5", "text_features", layout="columns")
+    assert features.shape[0] == 4
+    assert load_feature_matrix(out_dir / "train_text_features.h5", layout="columns").shape[0] == 8
+    assert (out_dir / "test_captions.tsv").read_text().splitlines()[0].startswith("104\t")
+    reloaded = load_text_encoder(out_dir / "text_encoder.npz")
+    assert reloaded.output_dim == features.shape[1]
+
+    bad = _run_module("tf_twobranch.features.extract_text_features", f"--captions={captions}",
+                      f"--train_split={tmp_path / 'train.txt'}", "--encoder=bert", f"--out_dir={out_dir}")
+    assert bad.returncode != 0
+    assert "unknown; choose one of" in bad.stderr and "Traceback" not in bad.stderr
