@@ -159,3 +159,56 @@ def test_scene_cnn_errors(tmp_path):
         scene_cnn.train_scene_cnn(np.zeros((2, 32, 32, 3), np.float32), [[["a"]], [["b"]]])
     with pytest.raises(ConfigError, match="captions for 1"):
         scene_cnn.train_scene_cnn(np.zeros((2, 32, 32, 3), np.uint8), [[["a"]]])
+
+
+def run_cli(argv):
+    from absl import flags
+
+    from tf_twobranch.features import extract_image_features as cli
+
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["extract_image_features"] + argv)
+    try:
+        cli.run()
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+def test_cli_writes_features_in_split_order(tmp_path):
+    import scipy.io
+
+    from tf_twobranch.errors import UserInputError
+
+    images_dir = tmp_path / "images"
+    images_dir.mkdir()
+    rng = np.random.default_rng(0)
+    for image_id in ("11", "22", "33"):
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(images_dir / f"{image_id}.jpg")
+    (tmp_path / "split.txt").write_text("33\n11\n")
+    out = tmp_path / "feats.mat"
+    run_cli([f"--images_dir={images_dir}", f"--image_ids={tmp_path / 'split.txt'}", "--backbone=resnet50",
+             "--input_size=32", "--batch_size=1", f"--out={out}"])
+    features = scipy.io.loadmat(out)["image_features"]
+    assert features.shape == (2, 2048)
+    (tmp_path / "bad_split.txt").write_text("11\n44\n")
+    with pytest.raises(UserInputError, match="44.jpg.*does not exist"):
+        run_cli([f"--images_dir={images_dir}", f"--image_ids={tmp_path / 'bad_split.txt'}",
+                 f"--out={tmp_path / 'x.npy'}"])
+    with pytest.raises(UserInputError, match="expected a file ending"):
+        run_cli([f"--images_dir={images_dir}", f"--out={tmp_path / 'x.txt'}"])
+    with pytest.raises(UserInputError, match="scene_cnn needs --weights"):
+        run_cli([f"--images_dir={images_dir}", "--backbone=scene_cnn", f"--out={tmp_path / 'x.npy'}"])
+
+
+def test_cli_user_error_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tf_twobranch.features.extract_image_features",
+         f"--images_dir={tmp_path / 'nowhere'}", f"--out={tmp_path / 'f.npy'}"],
+        capture_output=True, text=True, timeout=120, cwd=__import__("pathlib").Path(__file__).parents[1],
+        env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 2
+    assert "error:" in result.stderr and "nowhere" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
