@@ -150,19 +150,24 @@ def score_phrases_with_model(model, data, batch_size: int = 1024,
     num_phrases, width = slots.shape
     scores = np.full((num_phrases, width), -np.inf, np.float32)
     head = getattr(model, "similarity_head", None)
+    if head is None:
+        # One (phrases of the image) x (its proposals) matmul per image.
+        for image, members in enumerate(_group_by(data.phrase_image, len(data.image_ids))):
+            if len(members) == 0:
+                continue
+            first = data.image_region_offsets[image]
+            image_regions = region_embeds[region_slot[first:first + data.num_proposals[image]]]
+            block = phrase_embeds[data.phrase_feature_index[members]] @ image_regions.T
+            scores[members, :block.shape[1]] = block
+        return scores, valid
+    head_fn = tf.function(lambda joint: head(joint, training=False), reduce_retracing=True)
     rows_per_chunk = max(1, pair_batch // max(1, width))
-    head_fn = None
-    if head is not None:
-        head_fn = tf.function(lambda joint: head(joint, training=False), reduce_retracing=True)
     for start in range(0, num_phrases, rows_per_chunk):
         stop = min(start + rows_per_chunk, num_phrases)
         text = phrase_embeds[data.phrase_feature_index[start:stop]]   # (c, d)
         image = region_embeds[slots[start:stop]]                       # (c, N, d)
-        if head_fn is None:
-            block = np.einsum("cd,cnd->cn", text, image)
-        else:
-            joint = (image * text[:, None, :]).reshape(-1, image.shape[-1])
-            block = head_fn(tf.constant(joint)).numpy().reshape(stop - start, width)
+        joint = (image * text[:, None, :]).reshape(-1, image.shape[-1])
+        block = head_fn(tf.constant(joint)).numpy().reshape(stop - start, width)
         scores[start:stop] = np.where(valid[start:stop], block, -np.inf)
     return scores, valid
 
@@ -174,6 +179,12 @@ def evaluate_phrase_localization(model, data, *, ks: Sequence[int] = DEFAULT_KS,
     iou, _ = data.phrase_proposal_iou()
     return phrase_localization_recall(scores, iou, valid, ks=ks, iou_threshold=iou_threshold,
                                       phrase_types=data.phrase_types())
+
+
+def _group_by(groups: np.ndarray, num_groups: int) -> list[np.ndarray]:
+    order = np.argsort(groups, kind="stable")
+    bounds = np.searchsorted(groups[order], np.arange(num_groups + 1))
+    return [order[bounds[g]:bounds[g + 1]] for g in range(num_groups)]
 
 
 def _l2_normalise(x: np.ndarray) -> np.ndarray:
