@@ -4,7 +4,6 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import os
 import pathlib
 
 import numpy as np
