@@ -154,28 +154,64 @@ def validate_boxes(boxes, width: float | None = None, height: float | None = Non
     return array.astype(np.float32)
 
 
+def _iou_above(boxes_a: np.ndarray, areas_a: np.ndarray, boxes_b: np.ndarray, areas_b: np.ndarray,
+               threshold: float) -> np.ndarray:
+    """Boolean (N, M) matrix ``IoU(a_i, b_j) > threshold`` (same arithmetic as :func:`iou_matrix`)."""
+    inter_w = (np.minimum(boxes_a[:, None, 2], boxes_b[None, :, 2])
+               - np.maximum(boxes_a[:, None, 0], boxes_b[None, :, 0]) + PIXEL_OFFSET)
+    inter_h = (np.minimum(boxes_a[:, None, 3], boxes_b[None, :, 3])
+               - np.maximum(boxes_a[:, None, 1], boxes_b[None, :, 1]) + PIXEL_OFFSET)
+    intersection = np.maximum(inter_w, 0.0) * np.maximum(inter_h, 0.0)
+    union = areas_a[:, None] + areas_b[None, :] - intersection
+    iou = np.where(union > 0, intersection / np.maximum(union, 1e-12), 0.0)
+    return iou > threshold
+
+
 def non_max_suppression(boxes, scores, iou_threshold: float, max_output: int | None = None) -> np.ndarray:
     """Greedy NMS: indices of kept boxes in decreasing score order.
 
-    Ties in score are broken by the lower index, so the result is deterministic.
+    A box is suppressed when its IoU with an already kept, higher-ranked box
+    exceeds ``iou_threshold``.  Ties in score are broken by the lower index, so
+    the result is deterministic.  At most ``max_output`` indices are returned.
     """
     array = _as_boxes(boxes)
-    scores = np.asarray(scores, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if len(scores) != len(array):
+        raise ValueError(f"scores has {len(scores)} entries for {len(array)} boxes")
     order = np.lexsort((np.arange(len(scores)), -scores))
-    areas = box_area(array).astype(np.float64)
-    kept: list[int] = []
-    limit = len(order) if max_output is None else max_output
-    while order.size > 0 and len(kept) < limit:
-        best = order[0]
-        kept.append(int(best))
-        rest = order[1:]
-        inter_w = np.minimum(array[best, 2], array[rest, 2]) - np.maximum(array[best, 0], array[rest, 0]) + PIXEL_OFFSET
-        inter_h = np.minimum(array[best, 3], array[rest, 3]) - np.maximum(array[best, 1], array[rest, 1]) + PIXEL_OFFSET
-        intersection = np.maximum(inter_w, 0.0) * np.maximum(inter_h, 0.0)
-        union = areas[best] + areas[rest] - intersection
-        iou = np.where(union > 0, intersection / np.maximum(union, 1e-12), 0.0)
-        order = rest[iou <= iou_threshold]
-    return np.asarray(kept, dtype=np.int64)
+    limit = len(order) if max_output is None else int(max_output)
+    ranked = array[order]
+    areas = box_area(ranked).astype(np.float64)
+    # Candidates are visited in rank order, one block at a time: a block is
+    # first filtered against the boxes kept so far (one matrix product), then
+    # greedy NMS runs inside the block over its precomputed IoU matrix.  This
+    # gives exactly the classic one-box-at-a-time result, but costs O(kept x
+    # visited) instead of O(kept x all), which matters when only the top few
+    # hundred of many thousand candidates are wanted.
+    block_size = 256
+    kept: list[int] = []  # positions in ``ranked``
+    start = 0
+    while start < len(ranked) and len(kept) < limit:
+        stop = min(len(ranked), start + block_size)
+        alive = np.ones(stop - start, dtype=bool)
+        if kept:
+            previous = np.asarray(kept)
+            alive = ~_iou_above(ranked[previous], areas[previous], ranked[start:stop], areas[start:stop],
+                                iou_threshold).any(axis=0)
+        candidates = np.flatnonzero(alive) + start
+        if candidates.size:
+            overlaps = _iou_above(ranked[candidates], areas[candidates], ranked[candidates], areas[candidates],
+                                  iou_threshold)
+            suppressed = np.zeros(candidates.size, dtype=bool)
+            for position in range(candidates.size):
+                if suppressed[position]:
+                    continue
+                kept.append(int(candidates[position]))
+                if len(kept) >= limit:
+                    break
+                suppressed |= overlaps[position]
+        start = stop
+    return order[np.asarray(kept, dtype=np.int64)].astype(np.int64)
 
 
 def tf_iou_matrix(a, b):
