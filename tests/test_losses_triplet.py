@@ -160,3 +160,29 @@ def test_masked_logistic_pair_loss():
     np.testing.assert_allclose(float(losses.masked_logistic_pair_loss(logits[:3], labels[:3], mask[:3])),
                                float(losses.logistic_pair_loss(logits[:3], labels[:3])), rtol=1e-6)
     assert float(losses.masked_logistic_pair_loss(logits, labels, np.zeros(4, bool))) == 0.0
+
+
+def test_keras_train_step_on_algorithm_1_batches():
+    """The padded batches drive a Keras fit loop (embedding and similarity networks)."""
+    from tf_twobranch.models.two_branch import TwoBranchConfig, TwoBranchModel
+
+    class PhraseModel(TwoBranchModel):
+        def compute_task_loss(self, batch, training):
+            image = self.image_tower(batch["image"], training=training)
+            text = self.text_tower(batch["text"], training=training)
+            if self.similarity_head is None:
+                return losses.phrase_localization_batch_loss(image, text, batch, top_k=5)
+            logits = tf.squeeze(self.similarity_head(image * text, training=training), -1)
+            return losses.masked_logistic_pair_loss(logits, batch["labels"], batch["pair_mask"])
+
+    data = random_data()
+    for kind, sampler in (("embedding", pl.PhraseTripletSampler(data, batch_size=4, neighbourhood_sampling=True)),
+                          ("similarity", pl.PhrasePairSampler(data, batch_size=4))):
+        config = TwoBranchConfig(kind=kind, image_dim=data.region_features.shape[1],
+                                 text_dim=data.phrase_features.shape[1], image_hidden=(8,), text_hidden=(8,),
+                                 embed_dim=4, similarity_head=(4,), dropout=0.0)
+        model = PhraseModel(config).build_all()
+        model.compile(optimizer=keras.optimizers.Adam(1e-3))
+        history = model.fit(pl.attach_phrase_features(sampler.dataset(), data), steps_per_epoch=2, epochs=1,
+                            shuffle=False, verbose=0)
+        assert np.isfinite(history.history["loss"][0])

@@ -75,7 +75,10 @@ with IoU < 0.3). Dict of (2S,) arrays: ``region_index``, ``phrase_index``,
 their negatives the same slots of the second half, so the valid pairs are
 balanced exactly (a positive without any negative candidate is dropped).
 
-Features are gathered outside the graph by :func:`attach_phrase_features`.
+Padded index slots repeat the batch's valid indices (their masks are
+False), so padded rows fed through the towers do not distort batch-norm
+statistics. Features are gathered outside the graph by
+:func:`attach_phrase_features`.
 """
 from __future__ import annotations
 
@@ -395,8 +398,11 @@ class PhraseTripletSampler:
       augment_positives: step 2, replace the ground-truth region by a random
         proposal with IoU ≥ 0.7 (keep the ground truth when there is none).
       neighbourhood_sampling: step 3c.
-      negatives_per_phrase: cap on the IoU < 0.3 regions drawn per phrase
-        chain (None = all, as the paper; caps bound the batch's memory).
+      negatives_per_phrase: cap on the IoU < 0.3 regions drawn per
+        coreference chain of the batch (None = all, as the paper; a cap
+        bounds the batch's memory). A phrase's candidates are all batch
+        regions of its image with IoU < 0.3, so negatives drawn for another
+        chain of the same image count too.
       hard_negatives: mined hard negatives (CVPR 2016) added to the batch.
       max_hard_negatives: hard-negative slots per anchor phrase.
       seed: every random choice derives from (seed, epoch) or (seed, step).
@@ -533,8 +539,8 @@ class PhraseTripletSampler:
 
         P, R = self.num_phrase_slots, self.num_region_slots
         return {
-            "phrase_index": pad(phrase_array, (P,), 0),
-            "region_index": pad(region_array, (R,), 0),
+            "phrase_index": _cyclic_pad(phrase_array, P),
+            "region_index": _cyclic_pad(region_array, R),
             "phrase_valid": pad(np.ones(num_p, bool), (P,)),
             "region_valid": pad(np.ones(num_r, bool), (R,)),
             "region_is_target": pad(is_target, (R,)),
@@ -627,6 +633,10 @@ class PhrasePairSampler:
         region_index[:n], region_index[S:S + n] = pos_region, neg_region
         phrase_index[:n], phrase_index[S:S + n] = pos_phrase, pos_phrase
         mask[:n] = mask[S:S + n] = True
+        if 0 < n < S:
+            for half in (slice(0, S), slice(S, 2 * S)):
+                region_index[half] = _cyclic_pad(region_index[half][:n], S)
+                phrase_index[half] = _cyclic_pad(phrase_index[half][:n], S)
         labels = np.zeros(2 * S, np.int32)
         labels[:S] = 1
         return {"region_index": region_index, "phrase_index": phrase_index, "labels": labels, "pair_mask": mask}
@@ -640,6 +650,15 @@ class PhrasePairSampler:
 
     def dataset(self) -> tf.data.Dataset:
         return _numpy_batches(self.batch, self.output_signature())
+
+
+def _cyclic_pad(indices: np.ndarray, size: int) -> np.ndarray:
+    """Pads by repeating the valid indices: padded rows still go through the
+    towers, and repeating real rows keeps batch-norm statistics close to the
+    real batch's (index 0 repeated would skew them)."""
+    if len(indices) == 0:
+        return np.zeros(size, np.int64)
+    return np.resize(np.asarray(indices, np.int64), size)
 
 
 def _numpy_batches(make_batch, signature: dict[str, tf.TensorSpec]) -> tf.data.Dataset:
