@@ -156,15 +156,49 @@ def validate_boxes(boxes, width: float | None = None, height: float | None = Non
 
 def _iou_above(boxes_a: np.ndarray, areas_a: np.ndarray, boxes_b: np.ndarray, areas_b: np.ndarray,
                threshold: float) -> np.ndarray:
-    """Boolean (N, M) matrix ``IoU(a_i, b_j) > threshold`` (same arithmetic as :func:`iou_matrix`)."""
-    inter_w = (np.minimum(boxes_a[:, None, 2], boxes_b[None, :, 2])
-               - np.maximum(boxes_a[:, None, 0], boxes_b[None, :, 0]) + PIXEL_OFFSET)
-    inter_h = (np.minimum(boxes_a[:, None, 3], boxes_b[None, :, 3])
-               - np.maximum(boxes_a[:, None, 1], boxes_b[None, :, 1]) + PIXEL_OFFSET)
-    intersection = np.maximum(inter_w, 0.0) * np.maximum(inter_h, 0.0)
-    union = areas_a[:, None] + areas_b[None, :] - intersection
-    iou = np.where(union > 0, intersection / np.maximum(union, 1e-12), 0.0)
-    return iou > threshold
+    """Boolean (N, M) matrix ``IoU(a_i, b_j) > threshold`` for float64 boxes and their areas.
+
+    Float64 IoU with the +1 pixel convention (zero-union pairs have IoU 0),
+    computed in place to spare temporaries.
+    """
+    boxes_a, boxes_b = boxes_a.T[:, :, None], boxes_b.T[:, None, :]
+    intersection = np.minimum(boxes_a[2], boxes_b[2])
+    intersection -= np.maximum(boxes_a[0], boxes_b[0])
+    intersection += PIXEL_OFFSET
+    np.maximum(intersection, 0.0, out=intersection)
+    inter_h = np.minimum(boxes_a[3], boxes_b[3])
+    inter_h -= np.maximum(boxes_a[1], boxes_b[1])
+    inter_h += PIXEL_OFFSET
+    np.maximum(inter_h, 0.0, out=inter_h)
+    intersection *= inter_h
+    union = np.add(areas_a[:, None], areas_b[None, :], out=inter_h)
+    union -= intersection
+    positive = union > 0
+    np.maximum(union, 1e-12, out=union)
+    np.divide(intersection, union, out=intersection)
+    above = intersection > threshold
+    if threshold < 0:  # a zero-union pair has IoU 0
+        above |= ~positive
+    else:
+        above &= positive
+    return above
+
+
+def _greedy_keep(overlaps: np.ndarray) -> np.ndarray:
+    """Greedy NMS decisions for candidates in rank order, given ``overlaps[i, j]`` = "i suppresses j".
+
+    Candidate j is kept iff no kept i < j overlaps it.  That recursion has a
+    unique solution, reached by iterating the rule from "keep all" until it
+    stops changing (at most once per link of the longest suppression chain,
+    usually a handful of matrix-vector products instead of a Python loop).
+    """
+    earlier = np.triu(overlaps, 1).astype(np.float32)
+    keep = np.ones(len(overlaps), dtype=bool)
+    while True:
+        updated = keep.astype(np.float32) @ earlier == 0
+        if np.array_equal(updated, keep):
+            return keep
+        keep = updated
 
 
 def non_max_suppression(boxes, scores, iou_threshold: float, max_output: int | None = None) -> np.ndarray:
@@ -178,40 +212,39 @@ def non_max_suppression(boxes, scores, iou_threshold: float, max_output: int | N
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     if len(scores) != len(array):
         raise ValueError(f"scores has {len(scores)} entries for {len(array)} boxes")
-    order = np.lexsort((np.arange(len(scores)), -scores))
+    order = np.argsort(-scores, kind="stable")  # ties: lower index first
     limit = len(order) if max_output is None else int(max_output)
-    ranked = array[order]
-    areas = box_area(ranked).astype(np.float64)
     # Candidates are visited in rank order, one block at a time: a block is
-    # first filtered against the boxes kept so far (one matrix product), then
-    # greedy NMS runs inside the block over its precomputed IoU matrix.  This
-    # gives exactly the classic one-box-at-a-time result, but costs O(kept x
-    # visited) instead of O(kept x all), which matters when only the top few
-    # hundred of many thousand candidates are wanted.
-    block_size = 256
-    kept: list[int] = []  # positions in ``ranked``
-    start = 0
-    while start < len(ranked) and len(kept) < limit:
-        stop = min(len(ranked), start + block_size)
-        alive = np.ones(stop - start, dtype=bool)
-        if kept:
-            previous = np.asarray(kept)
-            alive = ~_iou_above(ranked[previous], areas[previous], ranked[start:stop], areas[start:stop],
-                                iou_threshold).any(axis=0)
-        candidates = np.flatnonzero(alive) + start
-        if candidates.size:
-            overlaps = _iou_above(ranked[candidates], areas[candidates], ranked[candidates], areas[candidates],
-                                  iou_threshold)
-            suppressed = np.zeros(candidates.size, dtype=bool)
-            for position in range(candidates.size):
-                if suppressed[position]:
-                    continue
-                kept.append(int(candidates[position]))
-                if len(kept) >= limit:
-                    break
-                suppressed |= overlaps[position]
-        start = stop
-    return order[np.asarray(kept, dtype=np.int64)].astype(np.int64)
+    # first filtered against the boxes kept so far, then greedy NMS runs
+    # inside the block on its IoU matrix.  This gives exactly the classic
+    # one-box-at-a-time result, but costs O(kept x visited) instead of
+    # O(kept x all), which matters when only the top few hundred of many
+    # thousand candidates are wanted.
+    block_size = 64
+    kept_boxes = np.zeros((0, 4), np.float64)
+    kept_areas = np.zeros(0, np.float64)
+    kept: list[np.ndarray] = []
+    num_kept = 0
+    for start in range(0, len(order), block_size):
+        if num_kept >= limit:
+            break
+        block = order[start:start + block_size]
+        block_boxes = array[block]
+        block_areas = box_area(block_boxes).astype(np.float64)
+        if num_kept:
+            alive = ~_iou_above(kept_boxes, kept_areas, block_boxes, block_areas, iou_threshold).any(axis=0)
+            block, block_boxes, block_areas = block[alive], block_boxes[alive], block_areas[alive]
+        if not len(block):
+            continue
+        keep = _greedy_keep(_iou_above(block_boxes, block_areas, block_boxes, block_areas, iou_threshold))
+        keep = np.flatnonzero(keep)[: limit - num_kept]
+        kept.append(block[keep])
+        num_kept += len(keep)
+        kept_boxes = np.concatenate([kept_boxes, block_boxes[keep]])
+        kept_areas = np.concatenate([kept_areas, block_areas[keep]])
+    if not kept:
+        return np.zeros(0, np.int64)
+    return np.concatenate(kept).astype(np.int64)
 
 
 def tf_iou_matrix(a, b):

@@ -36,7 +36,7 @@ import numpy as np
 from scipy import ndimage
 
 from tf_twobranch.boxes import clip_boxes, non_max_suppression, validate_boxes
-from tf_twobranch.errors import DataFormatError
+from tf_twobranch.errors import ConfigError, DataFormatError
 
 
 def _edge_map(image: np.ndarray, sigma: float) -> np.ndarray:
@@ -122,22 +122,13 @@ _LAYERED_CROSS = np.zeros((3, 3, 3), bool)
 _LAYERED_CROSS[1] = ndimage.generate_binary_structure(2, 1)
 
 
-def _opened_component_boxes(codes: np.ndarray, min_pixels: int) -> np.ndarray:
-    """Boxes of the connected regions of every code after a morphological opening.
-
-    For each layer of ``codes`` (L, H, W) and each code value >= 0 in it, the
-    mask ``layer == code`` is opened with a 3x3 cross (outside the image counts
-    as background) and split into 4-connected components; the bounding boxes
-    [x1, y1, x2, y2] of components with at least ``min_pixels`` pixels are
-    returned (float64, unordered, possibly repeated).  Negative codes are
-    background.  Equivalent to ``binary_opening`` + ``label`` per code, in a
-    constant number of array passes instead of one pass per code.
-    """
-    layers, height, width = codes.shape
+def _opened(codes: np.ndarray) -> np.ndarray:
+    """Union over code values >= 0 of the opening (3x3 cross) of ``layer == code``, per layer."""
     padded = np.pad(codes, ((0, 0), (1, 1), (1, 1)), constant_values=-2)
     centre = padded[:, 1:-1, 1:-1]
     # The openings of different codes are disjoint, and a pixel survives the
-    # erosion of its own code's mask iff its 4 neighbours share its code.
+    # erosion of its own code's mask iff its 4 neighbours share its code
+    # (outside the image counts as background).
     eroded = ((centre >= 0) & (centre == padded[:, :-2, 1:-1]) & (centre == padded[:, 2:, 1:-1])
               & (centre == padded[:, 1:-1, :-2]) & (centre == padded[:, 1:-1, 2:]))
     opened = eroded.copy()
@@ -145,6 +136,32 @@ def _opened_component_boxes(codes: np.ndarray, min_pixels: int) -> np.ndarray:
     opened[:, :-1] |= eroded[:, 1:]
     opened[:, :, 1:] |= eroded[:, :, :-1]
     opened[:, :, :-1] |= eroded[:, :, 1:]
+    return opened
+
+
+def _boxes_of_labels(labels: np.ndarray, count: int, min_pixels: int) -> list[tuple[int, int, int, int]]:
+    sizes = np.bincount(labels.ravel(), minlength=count + 1)[1:]
+    return [(cols.start, rows.start, cols.stop - 1, rows.stop - 1)
+            for (_, rows, cols), size in zip(ndimage.find_objects(labels, count), sizes) if size >= min_pixels]
+
+
+def _opened_component_boxes(codes: np.ndarray, min_pixels: int, *, binary: bool = False) -> np.ndarray:
+    """Boxes of the connected regions of every code after a morphological opening.
+
+    For each layer of ``codes`` (L, H, W) and each code value >= 0 in it, the
+    mask ``layer == code`` is opened with a 3x3 cross (outside the image counts
+    as background) and split into 4-connected components; the bounding boxes
+    [x1, y1, x2, y2] of components with at least ``min_pixels`` pixels are
+    returned (float64, unordered, possibly repeated).  Negative codes are
+    background; ``binary=True`` promises a single code per layer.  Equivalent
+    to ``binary_opening`` + ``label`` per code and layer, in a constant number
+    of array passes instead of one pass per code.
+    """
+    layers, height, width = codes.shape
+    opened = _opened(codes)
+    if binary:
+        labels, count = ndimage.label(opened, structure=_LAYERED_CROSS)
+        return np.asarray(_boxes_of_labels(labels, count, min_pixels), np.float64).reshape(-1, 4)
     # Components of equal codes with one binary labelling: pixels sit on a
     # doubled grid, joined by a bridge cell only where two neighbours are both
     # opened and share a code.
@@ -153,26 +170,25 @@ def _opened_component_boxes(codes: np.ndarray, min_pixels: int) -> np.ndarray:
     grid[:, 1::2, ::2] = opened[:, :-1] & opened[:, 1:] & (codes[:, :-1] == codes[:, 1:])
     grid[:, ::2, 1::2] = opened[:, :, :-1] & opened[:, :, 1:] & (codes[:, :, :-1] == codes[:, :, 1:])
     labels, count = ndimage.label(grid, structure=_LAYERED_CROSS)
-    if count == 0:
-        return np.zeros((0, 4), np.float64)
-    sizes = np.bincount(labels[:, ::2, ::2].ravel(), minlength=count + 1)[1:]
-    boxes = [(cols.start // 2, rows.start // 2, (cols.stop - 1) // 2, (rows.stop - 1) // 2)
-             for (_, rows, cols), size in zip(ndimage.find_objects(labels), sizes) if size >= min_pixels]
+    # Every component has pixels (not only bridges), so the pixel grid alone
+    # gives its size and bounding box.
+    boxes = _boxes_of_labels(np.ascontiguousarray(labels[:, ::2, ::2]), count, min_pixels)
     return np.asarray(boxes, np.float64).reshape(-1, 4)
 
 
 def _region_boxes(image: np.ndarray, min_pixels: int) -> np.ndarray:
     smoothed = ndimage.gaussian_filter(image, sigma=(2, 2, 0))
-    layers = []
     # (a) colour-quantised regions.
+    quantised_layers = []
     for levels in (3, 5):
-        quantised = np.clip((smoothed * levels).astype(np.int64), 0, levels - 1)
-        layers.append(quantised[:, :, 0] * levels * levels + quantised[:, :, 1] * levels + quantised[:, :, 2])
+        quantised = np.clip((smoothed * levels).astype(np.int8), 0, levels - 1)
+        quantised_layers.append(quantised[:, :, 0] * levels * levels + quantised[:, :, 1] * levels + quantised[:, :, 2])
     # (b) salient regions: far from the median colour.
     distance = np.linalg.norm(smoothed - np.median(smoothed.reshape(-1, 3), axis=0), axis=2)
-    for threshold in np.percentile(distance, (50, 70, 85, 93)):
-        layers.append(np.where(distance > threshold, 0, -1))
-    boxes = _opened_component_boxes(np.stack(layers), min_pixels)
+    thresholds = np.percentile(distance, (50, 70, 85, 93))
+    salient_layers = np.where(distance[None] > thresholds[:, None, None], 0, -1).astype(np.int8)
+    boxes = np.concatenate([_opened_component_boxes(np.stack(quantised_layers), min_pixels),
+                            _opened_component_boxes(salient_layers, min_pixels, binary=True)])
     if not len(boxes):
         return np.zeros((0, 4), np.float64)
     return np.unique(boxes, axis=0)
@@ -263,35 +279,104 @@ def generate_proposals(image: np.ndarray, num_proposals: int = 200, seed: int = 
     return validate_boxes(boxes, width, height, record="generated proposals")
 
 
+#: Below this many images per worker, starting worker processes costs more than it saves.
+_MIN_IMAGES_PER_WORKER = 32
+#: Chunks per worker: enough to balance the load, few enough to keep the messaging cheap.
+_CHUNKS_PER_WORKER = 8
+
+
+def _read_rgb(path: str) -> tuple[np.ndarray | None, str | None]:
+    """``(pixels, None)``, or ``(None, what is wrong)`` when the file cannot be read as an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as handle:
+            return np.asarray(handle.convert("RGB")), None
+    except FileNotFoundError:
+        return None, "image file not found"
+    except (UnidentifiedImageError, OSError) as error:
+        return None, f"cannot decode image: {error}"
+
+
+def _proposals_for_paths(task: tuple[list[str], int, int]):
+    """Worker: proposals of a chunk of image files, in order.
+
+    Returns ``("ok", [boxes, ...])`` or, at the first bad image,
+    ``("error", path, message)`` (plain values, so nothing depends on how
+    exceptions pickle between processes).
+    """
+    paths, num_proposals, seed = task
+    results = []
+    for path in paths:
+        pixels, problem = _read_rgb(path)
+        if problem is not None:
+            return "error", path, problem
+        try:
+            results.append(generate_proposals(pixels, num_proposals=num_proposals, seed=seed))
+        except ValueError as error:
+            return "error", path, f"cannot generate proposals: {error}"
+    return "ok", results
+
+
+def default_num_workers() -> int:
+    """Worker processes used by :func:`generate_proposals_for_images` by default: ``min(2, cpu count)``."""
+    return max(1, min(2, os.cpu_count() or 1))
+
+
 def generate_proposals_for_images(image_paths: Iterable[str | os.PathLike], out_path, num_proposals: int = 200,
-                                  seed: int = 0, image_ids: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+                                  seed: int = 0, image_ids: Sequence[str] | None = None, *,
+                                  num_workers: int | None = None) -> dict[str, np.ndarray]:
     """Generates proposals for each image file and writes them to ``out_path`` (HDF5 or directory).
 
     Image ids are the file names without extension unless ``image_ids`` is
     given.  Scores are the rank order (1 for the best box, decreasing).
-    Returns the proposals written.
+    Returns the proposals written, in input order.
+
+    ``num_workers`` processes (``multiprocessing`` spawn context, contiguous
+    chunks of images; default :func:`default_num_workers`) share the work;
+    the proposals do not depend on it.  Few images are processed in this
+    process.  An unreadable image raises DataFormatError naming the first
+    such file in input order.
     """
-    from PIL import Image, UnidentifiedImageError
-
-    from tf_twobranch.data.formats.proposals import write_proposals
-
     image_paths = [os.fspath(p) for p in image_paths]
     if image_ids is None:
         image_ids = [os.path.splitext(os.path.basename(p))[0] for p in image_paths]
+    image_ids = list(image_ids)
     if len(image_ids) != len(image_paths):
         raise ValueError("image_ids and image_paths differ in length")
     if len(set(image_ids)) != len(image_ids):
         raise DataFormatError(out_path, "several images share an image id; pass distinct image_ids")
-    proposals, scores = {}, {}
-    for image_id, path in zip(image_ids, image_paths):
-        try:
-            with Image.open(path) as handle:
-                pixels = np.asarray(handle.convert("RGB"))
-        except FileNotFoundError:
-            raise DataFormatError(path, "image file not found") from None
-        except (UnidentifiedImageError, OSError) as error:
-            raise DataFormatError(path, f"cannot decode image: {error}") from None
-        proposals[image_id] = generate_proposals(pixels, num_proposals=num_proposals, seed=seed)
-        scores[image_id] = np.linspace(1.0, 0.0, num_proposals, endpoint=False, dtype=np.float32)
+    if num_workers is None:
+        num_workers = default_num_workers()
+    if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
+        raise ConfigError(f"num_workers must be a positive integer, got {num_workers!r}")
+    if not isinstance(num_proposals, (int, np.integer)) or num_proposals < 1:
+        raise ConfigError(f"num_proposals must be a positive integer, got {num_proposals!r}")
+
+    from tf_twobranch.data.formats.proposals import write_proposals
+
+    num_workers = int(min(num_workers, len(image_paths) // _MIN_IMAGES_PER_WORKER))
+    if num_workers <= 1:
+        outcomes = [_proposals_for_paths((image_paths, int(num_proposals), int(seed)))]
+    else:
+        import multiprocessing
+
+        chunk_size = -(-len(image_paths) // (num_workers * _CHUNKS_PER_WORKER))
+        tasks = [(image_paths[start:start + chunk_size], int(num_proposals), int(seed))
+                 for start in range(0, len(image_paths), chunk_size)]
+        outcomes = []
+        with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
+            for outcome in pool.imap(_proposals_for_paths, tasks):
+                outcomes.append(outcome)
+                if outcome[0] == "error":
+                    break
+    boxes_in_order: list[np.ndarray] = []
+    for outcome in outcomes:
+        if outcome[0] == "error":
+            raise DataFormatError(outcome[1], outcome[2])
+        boxes_in_order.extend(outcome[1])
+    proposals = dict(zip(image_ids, boxes_in_order))
+    scores = {image_id: np.linspace(1.0, 0.0, num_proposals, endpoint=False, dtype=np.float32)
+              for image_id in image_ids}
     write_proposals(out_path, proposals, scores)
     return proposals
