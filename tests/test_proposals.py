@@ -5,7 +5,7 @@ import pytest
 from tf_twobranch.boxes import iou_matrix
 from tf_twobranch.data.formats import proposals as pf
 from tf_twobranch.data.proposal_generator import generate_proposals, generate_proposals_for_images
-from tf_twobranch.errors import DataFormatError
+from tf_twobranch.errors import ConfigError, DataFormatError
 
 BOXES = {
     "100": np.array([[0, 0, 9, 9], [5.5, 2, 20, 30]], np.float32),
@@ -139,3 +139,90 @@ def test_generator_bad_image_file(tmp_path):
     bad.write_bytes(b"not a jpeg")
     with pytest.raises(DataFormatError, match="cannot decode"):
         generate_proposals_for_images([bad], tmp_path / "p.h5")
+
+
+def _write_jpegs(directory, count, size=48):
+    from PIL import Image
+
+    paths = []
+    for index in range(count):
+        image, _ = _synthetic_image(10 + index, height=size, width=size + 8, count=2)
+        path = directory / f"img{index}.jpg"
+        Image.fromarray(image).save(path, quality=90)
+        paths.append(path)
+    return paths
+
+
+def test_generator_workers_give_identical_results_in_order(tmp_path, monkeypatch):
+    from tf_twobranch.data import proposal_generator
+
+    monkeypatch.setattr(proposal_generator, "_MIN_IMAGES_PER_WORKER", 1)  # use workers even for 6 images
+    paths = _write_jpegs(tmp_path, 6)
+    serial = generate_proposals_for_images(paths, tmp_path / "serial.h5", num_proposals=30, num_workers=1)
+    parallel = generate_proposals_for_images(paths, tmp_path / "parallel", num_proposals=30, num_workers=2)
+    assert list(parallel) == [f"img{i}" for i in range(6)] == list(serial)
+    for image_id in serial:
+        np.testing.assert_array_equal(parallel[image_id], serial[image_id])
+    assert set(pf.read_proposals(tmp_path / "parallel")) == set(serial)
+
+
+def test_generator_workers_report_first_bad_image(tmp_path, monkeypatch):
+    from tf_twobranch.data import proposal_generator
+
+    monkeypatch.setattr(proposal_generator, "_MIN_IMAGES_PER_WORKER", 1)
+    paths = _write_jpegs(tmp_path, 5)
+    paths[3].write_bytes(b"not a jpeg")
+    paths.append(tmp_path / "missing.jpg")
+    with pytest.raises(DataFormatError, match="cannot decode") as info:
+        generate_proposals_for_images(paths, tmp_path / "p.h5", num_proposals=10, num_workers=2)
+    assert info.value.path.endswith("img3.jpg")
+    with pytest.raises(ConfigError, match="num_workers"):
+        generate_proposals_for_images(paths, tmp_path / "p.h5", num_workers=0)
+
+
+def _reference_nms(candidates, scores, threshold, max_output):
+    """One box at a time, the textbook way."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    kept = []
+    for index in order:
+        if len(kept) == max_output:
+            break
+        if not kept or iou_matrix(candidates[[index]], candidates[kept]).max() <= threshold:
+            kept.append(index)
+    return kept
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_blockwise_nms_matches_one_at_a_time(seed):
+    from tf_twobranch.boxes import non_max_suppression
+
+    rng = np.random.default_rng(seed)
+    corners = rng.integers(0, 40, (400, 2)).astype(np.float32)
+    candidates = np.concatenate([corners, corners + rng.integers(1, 25, (400, 2))], axis=1).astype(np.float32)
+    scores = rng.integers(0, 30, 400).astype(np.float64)  # many ties
+    for threshold, max_output in [(0.5, 1000), (0.7, 150), (0.3, 40)]:
+        expected = _reference_nms(candidates, scores, threshold, max_output)
+        np.testing.assert_array_equal(non_max_suppression(candidates, scores, threshold, max_output), expected)
+
+
+def test_region_components_match_per_code_opening_and_labelling():
+    from scipy import ndimage
+
+    from tf_twobranch.data.proposal_generator import _opened_component_boxes
+
+    rng = np.random.default_rng(3)
+    codes = ndimage.zoom(rng.integers(0, 4, (2, 9, 11)), (1, 4, 4), order=0) - 1  # blobs; -1 is background
+    codes[:, rng.random(codes.shape[1:]) < 0.05] = 2  # speckles
+    expected = []
+    for layer in codes:
+        for code in np.unique(layer[layer >= 0]):
+            labels, _ = ndimage.label(ndimage.binary_opening(layer == code))
+            for index, (rows, cols) in enumerate(ndimage.find_objects(labels), start=1):
+                if (labels == index).sum() >= 5:
+                    expected.append([cols.start, rows.start, cols.stop - 1, rows.stop - 1])
+    got = _opened_component_boxes(codes, 5)
+    assert len(expected) > 5
+    np.testing.assert_array_equal(np.unique(got, axis=0), np.unique(np.asarray(expected, np.float64), axis=0))
+    binary = np.where(codes >= 1, 0, -1)
+    expected_binary = np.unique(np.concatenate([_opened_component_boxes(layer[None], 5) for layer in binary]), axis=0)
+    np.testing.assert_array_equal(np.unique(_opened_component_boxes(binary, 5, binary=True), axis=0), expected_binary)

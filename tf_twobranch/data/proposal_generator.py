@@ -25,6 +25,12 @@ Algorithm, on a copy of the image resized so its long side is at most
 4. Greedy non-maximum suppression (IoU 0.7, relaxed if too few survive);
    the top ``num_proposals`` boxes, padded with seeded random boxes so that
    exactly ``num_proposals`` are returned.
+
+Cost: about 7-10 ms of CPU per 96x96 image for 200 proposals (the geometry of
+the sliding windows is computed once per image size, region components of
+all codes are labelled in one pass, NMS stops after the top few hundred
+candidates); :func:`generate_proposals_for_images` spreads images over
+``num_workers`` processes.
 """
 from __future__ import annotations
 
@@ -61,36 +67,60 @@ def _integral(values: np.ndarray) -> np.ndarray:
     return table
 
 
-def _box_sums(table: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """Sums over inclusive integer boxes [x1, y1, x2, y2] (already clipped)."""
-    x1, y1, x2, y2 = (boxes[:, i].astype(np.int64) for i in range(4))
-    return table[y2 + 1, x2 + 1] - table[y1, x2 + 1] - table[y2 + 1, x1] + table[y1, x1]
+def _corner_indices(boxes: np.ndarray, width: int) -> np.ndarray:
+    """(4, N) flat indices into an integral table (row stride ``width + 1``) of the corners
+    that give the sums over inclusive integer boxes: ``t0 - t1 - t2 + t3``."""
+    x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
+    stride = width + 1
+    return np.stack([(y2 + 1) * stride + x2 + 1, y1 * stride + x2 + 1, (y2 + 1) * stride + x1, y1 * stride + x1])
+
+
+class _ScoringPlan:
+    """Everything of the box score that depends on the boxes only, not on the image."""
+
+    def __init__(self, boxes: np.ndarray, height: int, width: int):
+        boxes = np.round(boxes).astype(np.int64)
+        box_w = boxes[:, 2] - boxes[:, 0] + 1
+        box_h = boxes[:, 3] - boxes[:, 1] + 1
+        band = np.maximum(1, np.round(0.1 * np.minimum(box_w, box_h))).astype(np.int64)
+        inner = boxes + np.stack([band, band, -band, -band], axis=1)
+        self.inner_valid = (inner[:, 2] >= inner[:, 0]) & (inner[:, 3] >= inner[:, 1])
+        inner = np.where(self.inner_valid[:, None], inner, boxes)
+        outer = boxes + np.stack([-band, -band, band, band], axis=1)
+        outer[:, [0, 2]] = np.clip(outer[:, [0, 2]], 0, width - 1)
+        outer[:, [1, 3]] = np.clip(outer[:, [1, 3]], 0, height - 1)
+
+        def area(b):
+            return ((b[:, 2] - b[:, 0] + 1) * (b[:, 3] - b[:, 1] + 1)).astype(np.float64)
+
+        # Rows 0-3: the box's corners, 4-7: the inner box's, 8-11: the outer box's.
+        self.corners = np.concatenate([_corner_indices(b, width) for b in (boxes, inner, outer)])
+        self.inner_band_area = np.maximum(area(boxes) - np.where(self.inner_valid, area(inner), 0.0), 1.0)
+        self.outer_band_area = area(outer) - area(boxes)
+        self.outer_band_divisor = np.maximum(self.outer_band_area, 1.0)
+        self.area_factor = (area(boxes) / float(width * height)) ** 0.125
+        for value in vars(self).values():
+            value.flags.writeable = False
+
+    def scores(self, edges_table: np.ndarray) -> np.ndarray:
+        """``(mean edge in the inner band - mean edge in the outer band) * relative_area ** 0.125``."""
+        c = edges_table.ravel()[self.corners]
+        box_sum = c[0] - c[1] - c[2] + c[3]
+        inner_sum = np.where(self.inner_valid, c[4] - c[5] - c[6] + c[7], 0.0)
+        outer_sum = c[8] - c[9] - c[10] + c[11]
+        inner_density = (box_sum - inner_sum) / self.inner_band_area
+        outer_density = np.where(self.outer_band_area > 0, (outer_sum - box_sum) / self.outer_band_divisor, 0.0)
+        return (inner_density - outer_density) * self.area_factor
 
 
 def _score_boxes(edges_table: np.ndarray, boxes: np.ndarray, height: int, width: int) -> np.ndarray:
-    boxes = np.round(boxes).astype(np.int64)
-    box_w = boxes[:, 2] - boxes[:, 0] + 1
-    box_h = boxes[:, 3] - boxes[:, 1] + 1
-    band = np.maximum(1, np.round(0.1 * np.minimum(box_w, box_h))).astype(np.int64)
-    inner = boxes + np.stack([band, band, -band, -band], axis=1)
-    inner_valid = (inner[:, 2] >= inner[:, 0]) & (inner[:, 3] >= inner[:, 1])
-    inner = np.where(inner_valid[:, None], inner, boxes)
-    outer = boxes + np.stack([-band, -band, band, band], axis=1)
-    outer[:, [0, 2]] = np.clip(outer[:, [0, 2]], 0, width - 1)
-    outer[:, [1, 3]] = np.clip(outer[:, [1, 3]], 0, height - 1)
+    """EdgeBoxes-style score of each box (see the module docstring) from the edge map's integral table."""
+    return _ScoringPlan(boxes, height, width).scores(edges_table)
 
-    def area(b):
-        return ((b[:, 2] - b[:, 0] + 1) * (b[:, 3] - b[:, 1] + 1)).astype(np.float64)
 
-    box_sum = _box_sums(edges_table, boxes)
-    inner_sum = np.where(inner_valid, _box_sums(edges_table, inner), 0.0)
-    outer_sum = _box_sums(edges_table, outer)
-    inner_band_area = np.maximum(area(boxes) - np.where(inner_valid, area(inner), 0.0), 1.0)
-    outer_band_area = area(outer) - area(boxes)
-    inner_density = (box_sum - inner_sum) / inner_band_area
-    outer_density = np.where(outer_band_area > 0, (outer_sum - box_sum) / np.maximum(outer_band_area, 1.0), 0.0)
-    relative_area = area(boxes) / float(width * height)
-    return (inner_density - outer_density) * relative_area ** 0.125
+@functools.lru_cache(maxsize=16)
+def _window_scoring_plan(height: int, width: int) -> _ScoringPlan:
+    return _ScoringPlan(_sliding_windows(height, width), height, width)
 
 
 @functools.lru_cache(maxsize=16)
@@ -210,7 +240,8 @@ def generate_proposals(image: np.ndarray, num_proposals: int = 200, seed: int = 
       image: HxWx3 uint8 RGB image (HxW grayscale and HxWx4 are accepted).
       num_proposals: number of boxes returned (always exactly this many).
       seed: seed of the jitter/padding randomness; equal inputs give equal outputs.
-      work_size: long side of the downscaled copy the boxes are computed on.
+      work_size: long side of the downscaled copy the boxes are computed on (smaller
+        images are processed at their own size, never upscaled).
       nms_iou: IoU above which a lower-scored candidate is suppressed.
     """
     array = np.asarray(image)
@@ -239,7 +270,8 @@ def generate_proposals(image: np.ndarray, num_proposals: int = 200, seed: int = 
     windows = _sliding_windows(small_h, small_w)
     regions = _region_boxes(small, min_pixels)
     candidates = np.concatenate([windows, regions])
-    scores = _score_boxes(table, candidates, small_h, small_w)
+    scores = np.concatenate([_window_scoring_plan(small_h, small_w).scores(table),
+                             _score_boxes(table, regions, small_h, small_w)])
 
     # Jitter the best candidates to refine their borders.
     top = candidates[np.argsort(-scores, kind="stable")[:150]]
