@@ -203,6 +203,25 @@ def test_blockwise_nms_matches_one_at_a_time(seed):
     for threshold, max_output in [(0.5, 1000), (0.7, 150), (0.3, 40)]:
         expected = _reference_nms(candidates, scores, threshold, max_output)
         np.testing.assert_array_equal(non_max_suppression(candidates, scores, threshold, max_output), expected)
+    # 1,500 near-copies of one box ranked first: NMS must look past the
+    # presorted top of the ranking (the first 1,024) to find a second box.
+    crowd = np.concatenate([np.tile([[0, 0, 20, 20]], (1500, 1)) + rng.integers(0, 2, (1500, 4)),
+                            [[50, 50, 60, 60], [70, 0, 80, 9]]]).astype(np.float32)
+    crowd_scores = np.concatenate([np.full(1500, 2.0), [1.0, 0.5]])
+    np.testing.assert_array_equal(non_max_suppression(crowd, crowd_scores, 0.5, 3),
+                                  _reference_nms(crowd, crowd_scores, 0.5, 3))
+
+
+def test_descending_order_prefix_matches_stable_argsort():
+    from tf_twobranch.boxes import descending_order_prefix
+
+    rng = np.random.default_rng(5)
+    scores = rng.integers(0, 6, 500).astype(np.float64)
+    for count in (0, 1, 7, 100, 499, 500, 600):
+        np.testing.assert_array_equal(descending_order_prefix(scores, count),
+                                      np.argsort(-scores, kind="stable")[:count])
+    scores[[3, 9]] = np.nan
+    np.testing.assert_array_equal(descending_order_prefix(scores, 10), np.argsort(-scores, kind="stable")[:10])
 
 
 def test_region_components_match_per_code_opening_and_labelling():

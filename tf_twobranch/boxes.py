@@ -201,6 +201,22 @@ def _greedy_keep(overlaps: np.ndarray) -> np.ndarray:
         keep = updated
 
 
+def descending_order_prefix(scores, count: int) -> np.ndarray:
+    """``np.argsort(-scores, kind="stable")[:count]`` (ties: lower index first), without sorting everything."""
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    count = max(0, int(count))
+    if count >= len(scores) or not np.isfinite(scores).all():
+        return np.argsort(-scores, kind="stable")[:count]
+    if count == 0:
+        return np.zeros(0, np.int64)
+    negated = -scores
+    cutoff = np.partition(negated, count - 1)[count - 1]
+    # Everything up to the cutoff, ties included, in index order; a stable sort
+    # of that subset is a prefix of the stable sort of all scores.
+    selected = np.flatnonzero(negated <= cutoff)
+    return selected[np.argsort(negated[selected], kind="stable")][:count]
+
+
 def non_max_suppression(boxes, scores, iou_threshold: float, max_output: int | None = None) -> np.ndarray:
     """Greedy NMS: indices of kept boxes in decreasing score order.
 
@@ -212,23 +228,26 @@ def non_max_suppression(boxes, scores, iou_threshold: float, max_output: int | N
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     if len(scores) != len(array):
         raise ValueError(f"scores has {len(scores)} entries for {len(array)} boxes")
-    order = np.argsort(-scores, kind="stable")  # ties: lower index first
-    limit = len(order) if max_output is None else int(max_output)
+    limit = len(array) if max_output is None else int(max_output)
     # Candidates are visited in rank order, one block at a time: a block is
     # first filtered against the boxes kept so far, then greedy NMS runs
     # inside the block on its IoU matrix.  This gives exactly the classic
     # one-box-at-a-time result, but costs O(kept x visited) instead of
     # O(kept x all), which matters when only the top few hundred of many
-    # thousand candidates are wanted.
+    # thousand candidates are wanted; for the same reason only a prefix of the
+    # rank order is sorted unless more is needed.
     block_size = 64
+    order = descending_order_prefix(scores, max(8 * limit, 1024))
     kept_boxes = np.zeros((0, 4), np.float64)
     kept_areas = np.zeros(0, np.float64)
     kept: list[np.ndarray] = []
     num_kept = 0
-    for start in range(0, len(order), block_size):
-        if num_kept >= limit:
-            break
+    start = 0
+    while start < len(array) and num_kept < limit:
+        if start + block_size > len(order) and len(order) < len(array):
+            order = np.argsort(-scores, kind="stable")
         block = order[start:start + block_size]
+        start += block_size
         block_boxes = array[block]
         block_areas = box_area(block_boxes).astype(np.float64)
         if num_kept:

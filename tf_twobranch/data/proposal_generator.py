@@ -41,7 +41,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from scipy import ndimage
 
-from tf_twobranch.boxes import clip_boxes, non_max_suppression, validate_boxes
+from tf_twobranch.boxes import clip_boxes, descending_order_prefix, non_max_suppression, validate_boxes
 from tf_twobranch.errors import ConfigError, DataFormatError
 
 
@@ -274,7 +274,7 @@ def generate_proposals(image: np.ndarray, num_proposals: int = 200, seed: int = 
                              _score_boxes(table, regions, small_h, small_w)])
 
     # Jitter the best candidates to refine their borders.
-    top = candidates[np.argsort(-scores, kind="stable")[:150]]
+    top = candidates[descending_order_prefix(scores, 150)]
     widths = (top[:, 2] - top[:, 0] + 1)[:, None]
     heights = (top[:, 3] - top[:, 1] + 1)[:, None]
     jitter = []
