@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tf_twobranch.errors import UserInputError
 
@@ -306,10 +307,15 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
         return retrieval_metrics(image_embeds, text_embeds, caption_image, ks=ks,
                                  chunk_size=chunk_size)
     num_folds = spec.num_folds or len(image_embeds) // spec.fold_images
-    if len(image_embeds) < spec.fold_images * num_folds:
-        raise UserInputError(
-            f"protocol {protocol} needs {spec.fold_images * num_folds} test images, "
-            f"got {len(image_embeds)}")
+    available = len(image_embeds) // spec.fold_images
+    if available < 1:
+        raise UserInputError(f"protocol {protocol} needs at least {spec.fold_images} test "
+                             f"images, got {len(image_embeds)}")
+    if available < num_folds:
+        # A smaller test set (e.g. the embedded data) gets as many folds as fit.
+        logging.warning("protocol %s: only %d of %d folds of %d images fit the %d test images",
+                        protocol, available, num_folds, spec.fold_images, len(image_embeds))
+        num_folds = available
     fold_metrics = []
     for f in range(num_folds):
         lo, hi = f * spec.fold_images, (f + 1) * spec.fold_images

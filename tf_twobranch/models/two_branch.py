@@ -169,11 +169,30 @@ class TwoBranchModel(keras.Model):
 
     # --- training ------------------------------------------------------------
     def compute_task_loss(self, batch, training):
+        """The task's loss for one batch; the batch's keys say which task.
+
+        * ``labels`` (texts × images) — image–sentence triplets (TPAMI §5.1);
+        * ``phrase_region_positive`` — Algorithm 1 region–phrase triplets
+          (λ1 region anchor, λ2 phrase anchor, λ3/λ4 neighbourhoods);
+        * similarity network: ``labels`` per pair, with ``pair_mask`` for
+          Algorithm 1's padded pair batches.
+        """
         out = self(batch, training=training)
-        if self.config.kind == "embedding":
+        cfg = self.config
+        if cfg.kind == "embedding":
+            if "phrase_region_positive" in batch:
+                return losses.phrase_localization_batch_loss(
+                    out["image_embedding"], out["text_embedding"], batch, margin=cfg.margin,
+                    top_k=cfg.top_k, region_anchor_weight=cfg.image_anchor_weight,
+                    phrase_anchor_weight=cfg.text_anchor_weight,
+                    region_neighbour_weight=cfg.image_neighbour_weight,
+                    phrase_neighbour_weight=cfg.text_neighbour_weight)
             return losses.bidirectional_ranking_loss(
                 out["image_embedding"], out["text_embedding"], batch["labels"],
-                **self.config.loss_kwargs())
+                **cfg.loss_kwargs())
+        if "pair_mask" in batch:
+            return losses.masked_logistic_pair_loss(out["logits"], batch["labels"],
+                                                    batch["pair_mask"])
         return losses.logistic_pair_loss(out["logits"], batch["labels"])
 
     def train_step(self, data):
@@ -207,7 +226,9 @@ class TwoBranchModel(keras.Model):
                  pair_batch: int = 262144):
         """A `score_fn(start, stop)` for the evaluation core (higher = better)."""
         if self.similarity_head is None:
-            return lambda a, b: image_embeds @ text_embeds[a:b].T
+            def dot_scores(a, b):
+                return image_embeds @ text_embeds[a:b].T
+            return dot_scores
         head = self.similarity_head
 
         @tf.function(reduce_retracing=True)
@@ -262,7 +283,10 @@ def _predict_in_batches(tower: keras.Model, inputs, batch_size: int) -> np.ndarr
     inputs = np.asarray(inputs)
     if len(inputs) == 0:
         raise UserInputError("nothing to embed: empty input")
-    fn = tf.function(lambda x: tower(x, training=False), reduce_retracing=True)
+    @tf.function(reduce_retracing=True)
+    def fn(x):
+        return tower(x, training=False)
+
     out = [fn(tf.constant(inputs[i:i + batch_size])).numpy()
            for i in range(0, len(inputs), batch_size)]
     return np.concatenate(out, axis=0)

@@ -1,0 +1,99 @@
+"""Shared helpers of the experiment entry points: flag parsing per row, tables."""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Callable, Sequence
+
+from absl import flags
+
+from tf_twobranch.errors import UserInputError  # re-exported for the experiments
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"
+
+
+def parse_flagfile(define: Callable[[flags.FlagValues], None], flagfile: str,
+                   overrides: Sequence[str] = ()) -> flags.FlagValues:
+    """Parses one flagfile (plus overrides) into a fresh FlagValues.
+
+    Lets one process run several table rows without the rows' flags leaking
+    into each other. Unknown flags and out-of-range values raise
+    UserInputError naming the flagfile.
+    """
+    fv = flags.FlagValues()
+    define(fv)
+    try:
+        argv = fv.read_flags_from_files([f"--flagfile={flagfile}", *overrides])
+        fv(["row", *argv])
+    except (flags.Error, OSError) as e:
+        raise UserInputError(f"{flagfile}: {e}") from None
+    return fv
+
+
+def resolve_config(name: str) -> pathlib.Path:
+    """A flagfile by path, or by bare name inside experiments/configs/."""
+    p = pathlib.Path(name)
+    if p.exists():
+        return p
+    candidate = CONFIG_DIR / (name if name.endswith(".cfg") else f"{name}.cfg")
+    if candidate.exists():
+        return candidate
+    raise UserInputError(f"flagfile {name!r} not found (looked in {CONFIG_DIR})")
+
+
+def slug(text: str) -> str:
+    """A file-system friendly name for a table row."""
+    import re
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "run"
+
+
+def paper_numbers(text: str) -> list[float] | None:
+    if not text:
+        return None
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise UserInputError(f"--paper_results must be comma-separated numbers, got {text!r}") from None
+    return values
+
+
+def format_retrieval_table(title: str, rows: list[dict], ks=(1, 5, 10)) -> str:
+    """The paper's Table 2/3 layout: image-to-sentence and sentence-to-image R@K.
+
+    Each row dict has "name", "metrics" (ours) and optionally "paper" (six
+    numbers in the same order).
+    """
+    cols = [f"R@{k}" for k in ks]
+    name_w = max([len(r["name"]) for r in rows] + [24])
+    header = (f"{'':{name_w}} | {'Image-to-sentence':^{8 * len(ks)}} | "
+              f"{'Sentence-to-image':^{8 * len(ks)}} |")
+    sub = f"{'Method':{name_w}} | " + "".join(f"{c:>8}" for c in cols) + " | " + \
+        "".join(f"{c:>8}" for c in cols) + " | " + f"{'rsum':>7}"
+    lines = [title, "=" * len(sub), header, sub, "-" * len(sub)]
+    for r in rows:
+        m = r["metrics"]
+        vals = [m[f"i2t_r{k}"] for k in ks] + [m[f"t2i_r{k}"] for k in ks]
+        lines.append(f"{r['name']:{name_w}} | " + "".join(f"{v:8.1f}" for v in vals[:len(ks)])
+                     + " | " + "".join(f"{v:8.1f}" for v in vals[len(ks):])
+                     + f" | {m.get('rsum', sum(vals)):7.1f}")
+        if r.get("paper"):
+            p = r["paper"]
+            lines.append(f"{'  (paper)':{name_w}} | " + "".join(f"{v:8.1f}" for v in p[:len(ks)])
+                         + " | " + "".join(f"{v:8.1f}" for v in p[len(ks):2 * len(ks)])
+                         + f" | {sum(p[:2 * len(ks)]):7.1f}")
+    lines.append("-" * len(sub))
+    return "\n".join(lines)
+
+
+def write_json(path, payload):
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=float), encoding="utf-8")
+
+
+def exit_with_user_error(err: Exception) -> None:
+    """Prints a user mistake as one clear line and exits with status 2."""
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,267 @@
+r"""Image–sentence retrieval with two-branch networks (TPAMI Tables 2 and 3).
+
+    python -m experiments.image_sentence_retrieval \
+        --flagfile=experiments/configs/table2_b6_nonlinear_bidir_nbrsampling_constraints.cfg
+
+With no --dataset_dir the embedded digit-scene dataset is generated (once)
+and used. For Flickr30K pass --dataset_dir with results_20130124.token and
+the Flickr30K Entities train/val/test.txt (or dataset_flickr30k.json) plus
+either --images_dir and --backbone_weights (VGG-19) or precomputed
+--image_features_{train,test} / --text_features_{train,test} files.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import numpy as np
+from absl import app, flags, logging
+
+from experiments import common
+
+MODELS = ("embedding", "similarity", "cca")
+
+# Defaults used when no --dataset_dir is given (the embedded digit scenes),
+# unless the flag is set explicitly. The embedded data is ~12x smaller than
+# Flickr30K and has a 134-word vocabulary, so word vectors are smaller (their
+# Fisher vector then needs no PCA) and each epoch has fewer steps.
+EMBEDDED_PROFILE = {"word_dim": 50, "learning_rate_scale": 10.0, "epochs": 10}
+
+
+def apply_embedded_profile(f) -> dict:
+    """Sets EMBEDDED_PROFILE values on flags the user did not set; returns them."""
+    applied = {}
+    if f.dataset_dir:
+        return applied
+    for name, value in EMBEDDED_PROFILE.items():
+        if not f[name].present:
+            f[name].value = value
+            applied[name] = value
+    return applied
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    # Data.
+    flags.DEFINE_string("dataset_dir", "", "Dataset folder; empty: the embedded dataset.", **d)
+    flags.DEFINE_enum("caption_format", "auto", ["auto", "karpathy", "token", "coco"],
+                      "Caption file layout of --dataset_dir.", **d)
+    flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images).", **d)
+    flags.DEFINE_string("features_cache", "", "Where computed features are cached "
+                        "(default <dataset_dir>/features).", **d)
+    for split in ("train", "test"):
+        flags.DEFINE_string(f"image_features_{split}", "", f"Precomputed {split} image features "
+                            "(.npy/.mat/.h5, (N, D), one row per image in caption order).", **d)
+        flags.DEFINE_string(f"text_features_{split}", "", f"Precomputed {split} sentence "
+                            "features (.npy/.mat/.h5; column-major HDF5 accepted).", **d)
+    flags.DEFINE_enum("image_backbone", "scene_cnn",
+                      ["scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"],
+                      "CNN for image features.", **d)
+    flags.DEFINE_string("backbone_weights", "", "Local ImageNet weights file of the backbone.", **d)
+    flags.DEFINE_bool("ten_crop", True, "Average features over the paper's ten crops.", **d)
+    flags.DEFINE_enum("text_encoder", "fisher_hglmm",
+                      ["fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm"],
+                      "Sentence representation.", **d)
+    flags.DEFINE_string("word_vectors", "", "Local word2vec (binary/text) or GloVe file.", **d)
+    flags.DEFINE_integer("word_dim", 300, "Size of word vectors trained on the captions.",
+                         lower_bound=2, **d)
+    flags.DEFINE_integer("pca_dim", 6000, "PCA size of Fisher vectors larger than this.",
+                         lower_bound=1, **d)
+    flags.DEFINE_enum("protocol", "full", ["full", "flickr30k_1k", "coco_1k", "coco_5k"],
+                      "Test protocol.", **d)
+    # Model.
+    flags.DEFINE_enum("model", "embedding", list(MODELS), "Which model.", **d)
+    flags.DEFINE_enum("branch", "nonlinear", ["nonlinear", "linear"], "Branch structure.", **d)
+    flags.DEFINE_enum("layout", "original", ["original", "paper"],
+                      "original: FC-BN-ReLU-Dropout-FC (reference code); "
+                      "paper: FC-ReLU-Dropout-FC-BN (TPAMI §3.2.1).", **d)
+    flags.DEFINE_integer("hidden_dim", 2048, "First FC layer size of each branch.",
+                         lower_bound=1, **d)
+    flags.DEFINE_integer("embed_dim", 512, "Embedding size.", lower_bound=1, **d)
+    flags.DEFINE_float("dropout", 0.5, "Dropout after the ReLU.", lower_bound=0.0,
+                       upper_bound=0.95, **d)
+    flags.DEFINE_float("margin", 0.05, "Ranking margin m.", lower_bound=0.0, **d)
+    flags.DEFINE_integer("top_k", 10, "K most violating in-batch negatives per anchor.",
+                         lower_bound=1, **d)
+    flags.DEFINE_float("image_anchor_weight", 1.0, "λ1 (image target).", lower_bound=0.0, **d)
+    flags.DEFINE_float("text_anchor_weight", 1.5, "λ2 (sentence target); 0 = single-directional.",
+                       lower_bound=0.0, **d)
+    flags.DEFINE_float("text_neighbour_weight", 0.05, "λ4 (sentence neighbourhood constraint).",
+                       lower_bound=0.0, **d)
+    flags.DEFINE_integer("sample_size", 2, "Sentences per image in a batch; >= 2 is "
+                         "neighbourhood sampling.", lower_bound=1, **d)
+    flags.DEFINE_integer("batch_size", 500, "Images per batch.", lower_bound=2, **d)
+    flags.DEFINE_bool("unique_images", False, "Draw distinct images per batch instead of the "
+                      "original's shuffled-caption anchors.", **d)
+    flags.DEFINE_integer("lstm_units", 512, "LSTM size (text_encoder=lstm).", lower_bound=1, **d)
+    flags.DEFINE_integer("word_embedding_dim", 256, "Word embedding size (LSTM).",
+                         lower_bound=1, **d)
+    flags.DEFINE_integer("cca_components", 512, "CCA dimensions (model=cca).", lower_bound=1, **d)
+    # Training.
+    flags.DEFINE_integer("epochs", 20, "Training epochs.", lower_bound=1, **d)
+    flags.DEFINE_float("learning_rate", 1e-4, "Adam learning rate.", lower_bound=0.0, **d)
+    flags.DEFINE_float("learning_rate_scale", 1.0, "Multiplies --learning_rate (the embedded "
+                       "dataset's profile uses 10: it has ~25 steps per epoch, not ~300).",
+                       lower_bound=0.0, **d)
+    flags.DEFINE_enum("lr_schedule", "none", ["none", "exponential"],
+                      "none: as the reference code (its decay is never applied).", **d)
+    flags.DEFINE_enum("strategy", "default", ["default", "mirrored", "multi_worker", "tpu"],
+                      "tf.distribute strategy.", **d)
+    flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
+    flags.DEFINE_integer("verbose", 1, "Keras progress bar (0 = silent).", **d)
+    # Output.
+    flags.DEFINE_string("run_dir", "", "Run directory (default runs/<row_name>).", **d)
+    flags.DEFINE_bool("export", True, "Write a SavedModel to <run_dir>/export.", **d)
+    flags.DEFINE_string("row_name", "", "Name of the table row.", **d)
+    flags.DEFINE_string("paper_results", "", "The paper's six numbers for this row "
+                        "(i2t R@1,5,10, t2i R@1,5,10).", **d)
+    flags.DEFINE_string("paper_dataset", "Flickr30K", "Dataset the paper numbers are for.", **d)
+    flags.DEFINE_string("out_json", "", "Results JSON (default <run_dir>/results.json).", **d)
+
+
+def load_data(f):
+    """Caption splits and model inputs (features or token ids) for train/test."""
+    from tf_twobranch.data.embedded import load_embedded_dataset
+    from tf_twobranch.data.formats import load_feature_matrix
+    from tf_twobranch.data.retrieval_data import load_caption_splits
+    from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features
+    dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
+    splits = load_caption_splits(dataset_dir, caption_format=f.caption_format)
+    splits = {s: splits[s] for s in ("train", "test")}
+    given = [f[f"{kind}_features_{s}"].value for kind in ("image", "text") for s in ("train", "test")]
+    extras = {}
+    if any(given):
+        if not all(given):
+            raise common.UserInputError("give all four of --image_features_{train,test} and "
+                                        "--text_features_{train,test}, or none")
+        image = {s: load_feature_matrix(f[f"image_features_{s}"].value,
+                                        expected_rows=splits[s].num_images) for s in splits}
+        text = {s: load_feature_matrix(f[f"text_features_{s}"].value,
+                                       expected_rows=splits[s].num_captions) for s in splits}
+    else:
+        spec = FeatureSpec(image_backbone=f.image_backbone,
+                           backbone_weights=f.backbone_weights or None, ten_crop=f.ten_crop,
+                           text_encoder=f.text_encoder, word_vectors=f.word_vectors or None,
+                           word_dim=f.word_dim, pca_dim=f.pca_dim, seed=f.seed)
+        images_dir = pathlib.Path(f.images_dir) if f.images_dir else dataset_dir / "images"
+        cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
+        image, text, extras = prepare_retrieval_features(splits, images_dir, cache, spec)
+    return dataset_dir, splits, image, text, extras
+
+
+def build_config(f, image_dim: int, text_dim: int, extras: dict):
+    from tf_twobranch.models.two_branch import TwoBranchConfig
+    hidden = () if f.branch == "linear" else (f.hidden_dim,)
+    lstm = f.text_encoder == "lstm"
+    if f.sample_size < 2 and f.text_neighbour_weight > 0:
+        raise common.UserInputError(
+            "--text_neighbour_weight > 0 needs neighbourhood sampling (--sample_size >= 2)")
+    return TwoBranchConfig(
+        kind=f.model, image_dim=image_dim, text_dim=text_dim if not lstm else 1,
+        image_hidden=hidden, text_hidden=hidden if not lstm else ((1024,) if hidden else ()),
+        embed_dim=f.embed_dim, layout=f.layout, dropout=f.dropout,
+        text_encoder="lstm" if lstm else "features", vocabulary=extras.get("vocabulary"),
+        word_dim=f.word_embedding_dim, lstm_units=f.lstm_units,
+        margin=f.margin, top_k=f.top_k, image_anchor_weight=f.image_anchor_weight,
+        text_anchor_weight=f.text_anchor_weight, image_neighbour_weight=0.0,
+        text_neighbour_weight=f.text_neighbour_weight)
+
+
+def run_cca(f, splits, image, text) -> dict:
+    from tf_twobranch.baselines.cca import CCABaseline
+    from tf_twobranch.evaluation import retrieval
+    train = splits["train"]
+    cca = CCABaseline(n_components=f.cca_components, seed=f.seed)
+    cca.fit(image["train"][train.caption_image], text["train"])
+    return retrieval.evaluate_protocol(cca.transform_images(image["test"]),
+                                       cca.transform_texts(text["test"]),
+                                       splits["test"].caption_image, f.protocol)
+
+
+def run(f) -> dict:
+    """Runs one table row; returns the results record (also written as JSON)."""
+    from tf_twobranch.evaluation import retrieval
+    from tf_twobranch.sampling import image_sentence as sampling
+    from tf_twobranch.training import trainer
+
+    start = time.time()
+    profile = apply_embedded_profile(f)
+    if profile:
+        logging.info("embedded dataset: using its profile defaults %s", profile)
+    row_name = f.row_name or "image_sentence"
+    run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
+    dataset_dir, splits, image, text, extras = load_data(f)
+    train, test = splits["train"], splits["test"]
+    record = {"row": row_name, "dataset_dir": str(dataset_dir), "flags": f.flag_values_dict(),
+              "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
+              "num_train_images": train.num_images, "num_test_images": test.num_images,
+              "num_test_captions": test.num_captions}
+    if f.model == "cca":
+        record["metrics"] = run_cca(f, splits, image, text)
+    else:
+        config = build_config(f, image["train"].shape[1], text["train"].shape[1], extras)
+        strategy = trainer.get_strategy(f.strategy)
+        tcfg = trainer.TrainConfig(epochs=f.epochs,
+                                   learning_rate=f.learning_rate * f.learning_rate_scale,
+                                   lr_schedule=f.lr_schedule, seed=f.seed,
+                                   strategy=f.strategy, verbose=f.verbose)
+        tcfg.validate()
+        import keras
+        keras.utils.set_random_seed(f.seed)
+        from tf_twobranch.models.two_branch import build_model
+        with strategy.scope():
+            model = build_model(config)
+        if f.model == "embedding":
+            batches = sampling.image_sentence_batches(
+                train.caption_image, train.num_images, batch_size=f.batch_size,
+                sample_size=f.sample_size, seed=f.seed, unique_images=f.unique_images)
+            steps = sampling.steps_per_epoch(train.num_captions, train.num_images, f.batch_size,
+                                             f.unique_images)
+        else:
+            batches = sampling.similarity_pair_batches(
+                train.caption_image, train.num_images, batch_size=f.batch_size, seed=f.seed)
+            steps = train.num_captions // f.batch_size
+        dataset = sampling.attach_features(batches, image["train"], text["train"])
+        run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
+                      "flags": f.flag_values_dict(), "dataset_dir": str(dataset_dir)}
+        trainer.write_json_atomic(run_dir / "run_config.json", run_config)
+        history = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps)
+        record["final_loss"] = float(history.history["loss"][-1])
+        test_data = {"image": image["test"], "text": text["test"],
+                     "caption_image": test.caption_image}
+        record["metrics"] = model.evaluate(test_data, protocol=f.protocol)
+        if f.model == "embedding":
+            record["sentence_retrieval"] = model.sentence_retrieval(text["test"],
+                                                                    test.caption_image)
+        if f.export:
+            from tf_twobranch.export import export_saved_model
+            record["export_dir"] = str(export_saved_model(model, run_dir / "export",
+                                                          run_config=run_config))
+    record["seconds"] = time.time() - start
+    common.write_json(f.out_json or run_dir / "results.json", record)
+    return record
+
+
+def main(argv):
+    del argv
+    f = flags.FLAGS
+    try:
+        record = run(f)
+    except common.UserInputError as e:
+        common.exit_with_user_error(e)
+    print(common.format_retrieval_table(
+        f"Image-sentence retrieval ({record['num_test_images']} test images, "
+        f"{record['num_test_captions']} sentences); paper numbers: {record['paper_dataset']}",
+        [{"name": record["row"], "metrics": record["metrics"], "paper": record["paper"]}]))
+    if "sentence_retrieval" in record:
+        s = record["sentence_retrieval"]
+        print(f"sentence-to-sentence R@1/5/10: {s['s2s_r1']:.1f} / {s['s2s_r5']:.1f} / "
+              f"{s['s2s_r10']:.1f}")
+    if record.get("export_dir"):
+        print(f"SavedModel: {record['export_dir']}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

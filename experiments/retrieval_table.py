@@ -1,0 +1,82 @@
+r"""Runs every row of TPAMI Table 2 (Flickr30K) or Table 3 (MSCOCO 1K) and prints it.
+
+    python -m experiments.retrieval_table                 # Table 2 on the embedded data
+    python -m experiments.retrieval_table --table=3 --dataset_dir=/data/coco ...
+
+Each row is a flagfile in experiments/configs/ (table<N>_*.cfg), runnable on
+its own with `python -m experiments.image_sentence_retrieval --flagfile=...`.
+Flags given here after the runner's own (e.g. --dataset_dir, --epochs) are
+passed to every row. Features are computed once and cached. The full model's
+row is exported as a SavedModel.
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+
+from absl import app, flags, logging
+
+from experiments import common
+from experiments import image_sentence_retrieval as isr
+
+flags.DEFINE_enum("table", "2", ["2", "3"], "2: Flickr30K rows; 3: MSCOCO 1K rows.")
+flags.DEFINE_list("rows", [], "Row flagfiles (names in experiments/configs or paths); "
+                  "default: all table<N>_*.cfg.")
+flags.DEFINE_string("export_row", "b6", "Row whose model is exported (substring of its "
+                    "flagfile name); empty: none.")
+flags.DEFINE_string("out_json", "", "Results of all rows (default runs/table<N>.json).")
+FLAGS = flags.FLAGS
+
+def _flag_name(arg: str) -> str:
+    return arg.lstrip("-").split("=", 1)[0]
+
+
+def _row_overrides(argv: list[str]) -> list[str]:
+    """Flags that belong to the rows: everything the runner (and absl) does not define."""
+    return [a for a in argv[1:] if a.startswith("-") and _flag_name(a) not in FLAGS]
+
+
+def main(argv):
+    overrides = _row_overrides(sys.argv)
+    configs = ([common.resolve_config(r) for r in FLAGS.rows] if FLAGS.rows
+               else sorted(common.CONFIG_DIR.glob(f"table{FLAGS.table}_*.cfg")))
+    rows, records = [], []
+    start = time.time()
+    for cfg in configs:
+        export = bool(FLAGS.export_row) and FLAGS.export_row in cfg.stem
+        try:
+            fv = common.parse_flagfile(isr.define_flags, str(cfg),
+                                       [*overrides, f"--export={str(export).lower()}",
+                                        f"--run_dir={common.REPO_ROOT / 'runs' / cfg.stem}"])
+            print(f"\n=== {cfg.name}: {fv.row_name}", flush=True)
+            record = isr.run(fv)
+        except common.UserInputError as e:
+            common.exit_with_user_error(e)
+        records.append(record)
+        rows.append({"name": record["row"], "metrics": record["metrics"],
+                     "paper": record["paper"]})
+        print(common.format_retrieval_table(cfg.stem, rows[-1:]), flush=True)
+    first = records[0]
+    title = (f"Table {FLAGS.table}-style bi-directional retrieval on {first['dataset_dir']} "
+             f"({first['num_test_images']} test images, {first['num_test_captions']} sentences); "
+             f"'(paper)' rows: {first['paper_dataset']}")
+    print()
+    print(common.format_retrieval_table(title, rows))
+    s2s = [(r["row"], r["sentence_retrieval"]) for r in records if "sentence_retrieval" in r]
+    if s2s:
+        print("\nSentence-to-sentence retrieval (Table 4 protocol):")
+        for name, m in s2s:
+            print(f"  {name:55s} R@1 {m['s2s_r1']:5.1f}  R@5 {m['s2s_r5']:5.1f}  "
+                  f"R@10 {m['s2s_r10']:5.1f}")
+    exported = [r["export_dir"] for r in records if r.get("export_dir")]
+    for e in exported:
+        print(f"SavedModel: {e}")
+    out = FLAGS.out_json or common.REPO_ROOT / "runs" / f"table{FLAGS.table}.json"
+    common.write_json(out, {"rows": records, "seconds": time.time() - start})
+    print(f"results: {out} ({time.time() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    # Row flags are parsed per row (see _row_overrides); absl sees only its own.
+    app.run(main, argv=[sys.argv[0]] + [a for a in sys.argv[1:] if _flag_name(a) in FLAGS])
