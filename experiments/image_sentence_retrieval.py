@@ -58,6 +58,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_enum("image_backbone", "scene_cnn",
                       ["scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"],
                       "CNN for image features.", **d)
+    flags.DEFINE_integer("scene_cnn_epochs", 12, "Epochs of the scene_cnn backbone trained on "
+                         "the training images and captions.", lower_bound=1, **d)
     flags.DEFINE_string("backbone_weights", "", "Local ImageNet weights file of the backbone.", **d)
     flags.DEFINE_bool("ten_crop", True, "Average features over the paper's ten crops.", **d)
     flags.DEFINE_enum("text_encoder", "fisher_hglmm",
@@ -143,7 +145,8 @@ def load_data(f):
         spec = FeatureSpec(image_backbone=f.image_backbone,
                            backbone_weights=f.backbone_weights or None, ten_crop=f.ten_crop,
                            text_encoder=f.text_encoder, word_vectors=f.word_vectors or None,
-                           word_dim=f.word_dim, pca_dim=f.pca_dim, seed=f.seed)
+                           word_dim=f.word_dim, pca_dim=f.pca_dim,
+                           scene_cnn_epochs=f.scene_cnn_epochs, seed=f.seed)
         images_dir = pathlib.Path(f.images_dir) if f.images_dir else dataset_dir / "images"
         cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
         image, text, extras = prepare_retrieval_features(splits, images_dir, cache, spec)

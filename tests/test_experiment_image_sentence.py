@@ -1,0 +1,73 @@
+"""End-to-end: the image-sentence experiment on a tiny embedded dataset."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import common
+from experiments import image_sentence_retrieval as isr
+from tf_twobranch.data.embedded import generate_embedded_dataset
+
+TINY = ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=2", "--top_k=3",
+        "--scene_cnn_epochs=1", "--word_dim=8", "--verbose=0", "--cca_components=8",
+        "--lstm_units=8", "--word_embedding_dim=8"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    return generate_embedded_dataset(tmp_path_factory.mktemp("data") / "scenes", num_images=120,
+                                     splits=(60, 20, 40), with_proposals=False)
+
+
+def _run(cfg, dataset, tmp_path, *extra):
+    fv = common.parse_flagfile(isr.define_flags, str(common.resolve_config(cfg)),
+                               [f"--dataset_dir={dataset}", *TINY,
+                                f"--run_dir={tmp_path / 'run'}", *extra])
+    return isr.run(fv)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", ["table2_b6_nonlinear_bidir_nbr_constraints",
+                                 "table2_d_similarity", "table2_a1_cca_fv_hglmm",
+                                 "table2_c_lstm"])
+def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
+    record = _run(cfg, tiny_dataset, tmp_path)
+    m = record["metrics"]
+    for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"):
+        assert 0.0 <= m[key] <= 300.0
+    assert record["num_test_images"] == 40
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["metrics"] == m
+    if cfg != "table2_a1_cca_fv_hglmm":
+        assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
+        assert (tmp_path / "run" / "run_config.json").exists()
+
+
+def test_flagfile_with_unknown_flag_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("--model=embedding\n--marginn=0.1\n")
+    with pytest.raises(common.UserInputError, match="bad.cfg.*marginn"):
+        common.parse_flagfile(isr.define_flags, str(bad))
+
+
+def test_flagfile_with_out_of_range_value_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("--top_k=0\n")
+    with pytest.raises(common.UserInputError, match="bad.cfg.*top_k"):
+        common.parse_flagfile(isr.define_flags, str(bad))
+
+
+def test_every_shipped_flagfile_parses():
+    for cfg in sorted(common.CONFIG_DIR.glob("table[23]_*.cfg")):
+        fv = common.parse_flagfile(isr.define_flags, str(cfg))
+        assert fv.row_name and len(common.paper_numbers(fv.paper_results)) == 6
+
+
+def test_command_line_error_has_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.image_sentence_retrieval",
+                           f"--dataset_dir={tmp_path / 'missing'}"],
+                          capture_output=True, text=True, cwd=common.REPO_ROOT)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "missing" in proc.stderr and "does not exist" in proc.stderr
