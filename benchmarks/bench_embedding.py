@@ -333,7 +333,8 @@ def _breakdown_child(jit_compile: bool, repeats: int) -> dict:
                 tf.matmul(m_["dt"], m_["ei"]), tf.matmul(m_["dt"], m_["et"], transpose_a=True),
                 tf.matmul(m_["et"], m_["et"], transpose_b=True),
                 tf.matmul(m_["dtt"], m_["et"]), tf.matmul(m_["dtt"], m_["et"], transpose_a=True)]
-        return tf.add_n([tf.reduce_sum(o) for o in outs])
+        # reduce_max: XLA could algebraically shortcut a sum of a matmul.
+        return tf.add_n([tf.reduce_max(o) for o in outs])
 
     @fn
     def optimizer_apply():
@@ -467,8 +468,7 @@ def _naive_run(state):
     from tf_twobranch.losses import pairwise_distance
     images, texts, labels = state
 
-    @tf.function
-    def recall(dist, lab, k):
+    def recall(dist, lab, k):   # eager, op by op, as the TF1 graph ran it
         nearest = tf.math.top_k(-dist, k=k).indices                       # (q, k)
         masks = tf.one_hot(tf.transpose(nearest), tf.shape(lab)[1], on_value=True,
                            off_value=False, dtype=tf.bool)                # (k, q, g)
@@ -504,7 +504,8 @@ def run_training(args, matmul_best, report, lines):
         ("package + XLA Adam only, tf.data, jit=False", False, "tfdata", "xla_adam", None),
         ("static-shape loss, fixed, jit=False", False, "fixed", "static_shape_loss", None),
         ("static-shape loss, fixed, jit=True", True, "fixed", "static_shape_loss", None),
-        ("towers only + trivial loss, jit=True (floor)", True, "fixed", "dense_only", None),
+        ("towers only + trivial loss, jit=False", False, "fixed", "dense_only", None),
+        ("towers only + trivial loss, jit=True", True, "fixed", "dense_only", None),
     ]
     if args.quick:
         configs = configs[:2] + configs[5:6]
