@@ -7,13 +7,16 @@ on the fly, with weak supervision from the *training* captions only, in the
 spirit of pretraining on image tags: the network predicts, with independent
 sigmoids, which of the most frequent non-stop-words occur in the image's
 captions (target = fraction of the image's captions containing the word).
-The penultimate layer (a `feature_dim`-d ReLU layer) is the image feature.
+The image feature is the batch-normalised pre-activation of the penultimate
+layer (`feature_dim`-d, no ReLU: no dead units, suited to linear models).
 
 Architecture: four conv–BN–ReLU blocks (stride-2 3×3 conv followed by a 3×3
-conv), then global average pooling concatenated with a coarse
-`spatial_grid`×`spatial_grid` average pooling (so that layout words such as
-"left"/"above" stay predictable), then FC `feature_dim` + ReLU, then the
-word classifier (dropped from the returned extractor).
+conv), then global max pooling concatenated with a coarse
+`spatial_grid`×`spatial_grid` max pooling (so that layout words such as
+"left"/"above" stay predictable; max rather than average pooling because the
+digits cover a small part of the image), then FC `feature_dim` + BN (the
+features), then ReLU, dropout and the word classifier (dropped from the
+returned extractor).
 """
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ def build_caption_word_vocabulary(token_lists_per_image: Sequence[Sequence[Seque
     image_counts: collections.Counter[str] = collections.Counter()
     for captions in token_lists_per_image:
         words = {t.lower() for tokens in captions for t in tokens}
-        image_counts.update(w for w in words if w not in STOP_WORDS and any(ch.isalpha() for ch in w))
+        image_counts.update(w for w in words if w not in STOP_WORDS and any(ch.isalnum() for ch in w))
     ranked = sorted((w for w, c in image_counts.items() if c >= min_images),
                     key=lambda w: (-image_counts[w], w))
     return ranked[:vocab_size]
@@ -87,14 +90,18 @@ def caption_word_targets(token_lists_per_image: Sequence[Sequence[Sequence[str]]
 
 def build_scene_cnn(input_size: int, num_words: int, *, feature_dim: int = 1024,
                     widths: Sequence[int] = (16, 32, 64, 128), convs_per_block: Sequence[int] = (1, 1, 2, 2),
-                    spatial_grid: int = 2) -> tuple[keras.Model, keras.Model]:
+                    spatial_grid: int = 3, pooling: str = "max") -> tuple[keras.Model, keras.Model]:
     """Builds (classifier, feature_extractor) sharing their layers.
 
-    The models take (batch, input_size, input_size, 3) RGB in 0..255.
+    The models take (batch, input_size, input_size, 3) RGB in 0..255.  The
+    features are the batch-normalised *pre-activation* of the feature layer
+    (no ReLU), so that no unit is dead and they suit linear models.
     """
     if input_size < 2 ** len(widths) or feature_dim < 1 or num_words < 1:
         raise ConfigError(f"scene_cnn needs input_size >= {2 ** len(widths)}, feature_dim >= 1 and "
                           f"a non-empty vocabulary (got {input_size}, {feature_dim}, {num_words})")
+    if pooling not in ("max", "avg"):
+        raise ConfigError(f"scene_cnn pooling must be 'max' or 'avg', got {pooling!r}")
     images = keras.Input((input_size, input_size, 3), name="images")
     x = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="rescale")(images)
     if len(convs_per_block) != len(widths) or min(convs_per_block) < 1:
@@ -106,16 +113,22 @@ def build_scene_cnn(input_size: int, num_words: int, *, feature_dim: int = 1024,
                                     name=f"block{block}_conv{conv}")(x)
             x = keras.layers.BatchNormalization(name=f"block{block}_bn{conv}")(x)
             x = keras.layers.ReLU(name=f"block{block}_relu{conv}")(x)
-    pooled = [keras.layers.GlobalAveragePooling2D(name="global_pool")(x)]
+    # Digits cover a small part of the image: max pooling reports "is there a
+    # red 4 somewhere" where average pooling dilutes it in the background.
+    global_pool = keras.layers.GlobalMaxPooling2D if pooling == "max" else keras.layers.GlobalAveragePooling2D
+    pooled = [global_pool(name="global_pool")(x)]
     side = x.shape[1]
     if spatial_grid > 1 and side >= spatial_grid:
-        # Average pooling into a grid keeps coarse layout (left/right, top/bottom).
+        # Pooling into a coarse grid keeps layout (left/right, top/bottom).
         pool = side // spatial_grid
-        grid = keras.layers.AveragePooling2D(pool, strides=pool, name="grid_pool")(x)
+        grid_pool = keras.layers.MaxPooling2D if pooling == "max" else keras.layers.AveragePooling2D
+        grid = grid_pool(pool, strides=pool, name="grid_pool")(x)
         pooled.append(keras.layers.Flatten(name="grid_flatten")(grid))
     x = keras.layers.Concatenate(name="pooled")(pooled) if len(pooled) > 1 else pooled[0]
-    features = keras.layers.Dense(feature_dim, activation="relu", name=FEATURE_LAYER_NAME)(x)
-    logits = keras.layers.Dense(num_words, name="word_logits")(keras.layers.Dropout(0.3, name="dropout")(features))
+    x = keras.layers.Dense(feature_dim, use_bias=False, name="feature_dense")(x)
+    features = keras.layers.BatchNormalization(name=FEATURE_LAYER_NAME)(x)
+    hidden = keras.layers.ReLU(name="feature_relu")(features)
+    logits = keras.layers.Dense(num_words, name="word_logits")(keras.layers.Dropout(0.3, name="dropout")(hidden))
     classifier = keras.Model(images, logits, name="scene_cnn_word_classifier")
     extractor = keras.Model(images, features, name="scene_cnn_features")
     return classifier, extractor
@@ -150,7 +163,8 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
                     feature_dim: int = 1024, epochs: int = 10, batch_size: int = 64,
                     learning_rate: float = 2e-3, vocab_size: int = 300,
                     widths: Sequence[int] = (16, 32, 64, 128), convs_per_block: Sequence[int] = (1, 1, 2, 2),
-                    spatial_grid: int = 2, augment_max_scale: float = 1.15, seed: int = 0) -> keras.Model:
+                    spatial_grid: int = 3, pooling: str = "max", augment_max_scale: float = 1.15,
+                    seed: int = 0) -> keras.Model:
     """Trains the scene CNN on caption words and returns its feature extractor.
 
     Args:
@@ -187,7 +201,7 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
     keras.utils.set_random_seed(seed)
     classifier, extractor = build_scene_cnn(images.shape[1], len(vocabulary), feature_dim=feature_dim,
                                             widths=widths, convs_per_block=convs_per_block,
-                                            spatial_grid=spatial_grid)
+                                            spatial_grid=spatial_grid, pooling=pooling)
     steps = epochs * int(np.ceil(len(images) / batch_size))
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps, alpha=0.05)
     classifier.compile(optimizer=keras.optimizers.Adam(schedule),
