@@ -1,0 +1,298 @@
+r"""Fig. 2-style phrase localization pictures (TPAMI 2018, Fig. 2).
+
+For each chosen test image, one PNG: for every caption (one row each), the
+left panel shows each phrase's best-scoring proposal and the right panel the
+phrase's ground-truth box(es), in matching colours; the caption is written
+underneath with every localized phrase in the colour of its boxes.
+
+Scores come from a region–phrase SavedModel written by
+`tf_twobranch.export_localization.export_region_phrase_model`
+(``--saved_model``), or from a trained run directory (``--run_dir``, with
+``run_config.json`` and ``checkpoints/latest.weights.h5``) together with the
+backbone (``--backbone``/``--backbone_weights``) and the fitted text encoder
+(``--text_encoder``, a ``.npz`` written by the encoder's ``save``) that made
+its features.
+
+The data folder has the Flickr30K Entities layout (``Sentences/``,
+``Annotations/``, ``<split>.txt``), the images (``images/<id>.jpg`` unless
+``--images_dir``) and the proposals (``proposals.h5`` unless
+``--proposals``); by default the embedded digit-scene dataset.
+
+Example::
+
+    python -m experiments.draw_localization --saved_model=/tmp/pl_export \
+        --num_images=4 --out_dir=/tmp/fig2
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Callable, Sequence
+
+import numpy as np
+from absl import app, flags, logging
+
+from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+
+FLAGS = flags.FLAGS
+
+# Distinct, saturated colours (matplotlib's tab10 without grey).
+PHRASE_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#17becf", "#e377c2", "#8c564b",
+                  "#bcbd22")
+
+Scorer = Callable[[bytes, np.ndarray, Sequence[str]], np.ndarray]
+
+
+# ---------------------------------------------------------------------------- scorers
+
+
+def saved_model_scorer(saved_model_dir: str | os.PathLike) -> Scorer:
+    """A scorer `(image bytes, inclusive proposals (N, 4), phrases) -> (P, N)` from a region–phrase SavedModel."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401 - registers the tokenizer ops used by the SavedModel
+
+    saved_model_dir = pathlib.Path(saved_model_dir)
+    if not (saved_model_dir / "saved_model.pb").is_file():
+        raise DataFormatError(saved_model_dir, "not a SavedModel folder (no saved_model.pb); expected the "
+                              "output of export_region_phrase_model")
+    convention = "inclusive"
+    config_path = saved_model_dir / "assets.extra" / "run_config.json"
+    if config_path.is_file():
+        convention = json.loads(config_path.read_text(encoding="utf-8")).get(
+            "region_phrase_export", {}).get("box_convention", "inclusive")
+    loaded = tf.saved_model.load(str(saved_model_dir))
+    if "score_proposals" not in loaded.signatures:
+        raise DataFormatError(saved_model_dir, f"SavedModel has no 'score_proposals' signature (it has "
+                              f"{sorted(loaded.signatures)}); expected a region-phrase export")
+    signature = loaded.signatures["score_proposals"]
+    offset = np.array([0, 0, 1, 1], np.float32) if convention == "half_open" else 0.0
+
+    def score(image_bytes, proposals, phrases):
+        out = signature(image_jpeg=tf.constant(image_bytes), proposals=tf.constant(proposals + offset, tf.float32),
+                        phrases=tf.constant(list(phrases), tf.string))
+        return out["scores"].numpy()
+
+    return score
+
+
+def python_scorer(run_dir, backbone_name: str, backbone_weights: str | None, text_encoder_path: str) -> Scorer:
+    """A scorer from a trained run dir, its backbone and its fitted text encoder (the Python path)."""
+    import io
+
+    from PIL import Image
+
+    from tf_twobranch.data.tokenize import tokenize_caption
+    from tf_twobranch.features.backbones import build_backbone
+    from tf_twobranch.features.image_features import extract_region_features
+    from tf_twobranch.features.text_features import load_text_encoder
+    from tf_twobranch.training.trainer import load_trained_model
+
+    model, _ = load_trained_model(run_dir)
+    backbone = build_backbone(backbone_name, weights_path=backbone_weights)
+    encoder = load_text_encoder(text_encoder_path)
+
+    def normalise(x):
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+    def score(image_bytes, proposals, phrases):
+        image = np.asarray(Image.open(io.BytesIO(image_bytes)).convert("RGB"))
+        features = extract_region_features(image, proposals + [0, 0, 1, 1], backbone)
+        regions = normalise(model.embed_images(features))
+        texts = normalise(model.embed_texts(encoder.transform([tokenize_caption(p) for p in phrases])))
+        if model.similarity_head is None:
+            return texts @ regions.T
+        joint = (texts[:, None, :] * regions[None, :, :]).reshape(-1, regions.shape[1])
+        return model.similarity_head(joint, training=False).numpy().reshape(len(texts), len(regions))
+
+    return score
+
+
+# ---------------------------------------------------------------------------- drawing
+
+
+def _draw_boxes(ax, image, boxes_and_colours, title, thicker_first=False):
+    import matplotlib.patches as patches
+
+    ax.imshow(image, interpolation="nearest")
+    count = len(boxes_and_colours)
+    for index, (box, colour) in enumerate(boxes_and_colours):
+        x1, y1, x2, y2 = (float(v) for v in box)
+        # Inclusive pixel boxes: the rectangle spans the outer pixel edges.
+        ax.add_patch(patches.Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1 + 1, y2 - y1 + 1, fill=False,
+                                       # Earlier boxes are thicker, so identical
+                                       # boxes of several phrases stay visible.
+                                       edgecolor=colour,
+                                       linewidth=2.0 + 2.0 * (count - 1 - index) if thicker_first else 2.5))
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _coloured_caption(fig, renderer, words, word_colours, left, top, width, fontsize=11):
+    """Writes words left to right from (left, top) in figure coordinates, wrapping at `width`."""
+    x, y = left, top
+    fig_width = fig.get_window_extent(renderer).width
+    line_height = None
+    for word, colour in zip(words, word_colours):
+        text = fig.text(x, y, word + " ", color=colour or "black", fontsize=fontsize, va="top", ha="left",
+                        fontweight="bold" if colour else "normal")
+        extent = text.get_window_extent(renderer)
+        line_height = line_height or extent.height / fig.get_window_extent(renderer).height
+        advance = extent.width / fig_width
+        if x + advance > left + width and x > left:
+            x, y = left, y - 1.3 * line_height
+            text.set_position((x, y))
+        x += advance
+
+
+def draw_image_figure(image: np.ndarray, captions: list[dict], out_path: str | os.PathLike, *,
+                      title: str = "") -> pathlib.Path:
+    """Writes one PNG: a row per caption (prediction | ground truth, caption underneath).
+
+    `captions` items: ``words`` (list of str), ``phrases``: list of dicts with
+    ``first_word_index``, ``num_words``, ``pred_box`` (4,), ``gt_boxes`` (k, 4).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = max(1, len(captions))
+    aspect = image.shape[0] / image.shape[1]
+    panel = 3.6
+    row_height = panel * aspect + 1.2
+    header = 0.6
+    fig = plt.figure(figsize=(2 * panel + 0.4, rows * row_height + header), dpi=100)
+    renderer = fig.canvas.get_renderer()
+    if title:
+        fig.suptitle(title, fontsize=11, y=1 - 0.08 / (rows * row_height + header))
+    total = rows * row_height + header
+    for row, caption in enumerate(captions):
+        top = 1 - (header + row * row_height) / total
+        panel_height = panel * aspect / total
+        axes = [fig.add_axes([0.03 + col * 0.49, top - panel_height - 0.02 / rows, 0.45, panel_height])
+                for col in range(2)]
+        word_colours = [None] * len(caption["words"])
+        pred, truth = [], []
+        for index, phrase in enumerate(caption["phrases"]):
+            colour = PHRASE_COLOURS[index % len(PHRASE_COLOURS)]
+            start = phrase["first_word_index"]
+            for w in range(start, min(start + phrase["num_words"], len(word_colours))):
+                word_colours[w] = colour
+            pred.append((phrase["pred_box"], colour))
+            truth.extend((box, colour) for box in np.asarray(phrase["gt_boxes"]).reshape(-1, 4))
+        _draw_boxes(axes[0], image, pred, "prediction (best-scoring proposal)", thicker_first=True)
+        _draw_boxes(axes[1], image, truth, "ground truth")
+        _coloured_caption(fig, renderer, caption["words"], word_colours, 0.04,
+                          top - panel_height - 0.05 / rows, 0.92)
+    out_path = pathlib.Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, format="png")
+    plt.close(fig)
+    return out_path
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def draw_localization(data_dir, out_dir, scorer: Scorer, *, image_ids: Sequence[str] | None = None,
+                      num_images: int = 4, split: str = "test", images_dir=None, proposals_path=None,
+                      max_captions: int | None = None) -> list[pathlib.Path]:
+    """Scores and draws the chosen images; returns the written PNG paths (one per image).
+
+    Images: `image_ids`, else the first `num_images` of ``<data_dir>/<split>.txt``.
+    Only phrases with a ground-truth box are drawn (the evaluation protocol).
+    """
+    from tf_twobranch.data.formats.flickr30k_entities import read_entities_dataset, read_split_ids
+    from tf_twobranch.data.formats.proposals import read_proposals
+    from tf_twobranch.data.phrases import phrase_examples_from_images
+    from tf_twobranch.features.images import load_image
+
+    data_dir = pathlib.Path(data_dir)
+    images_dir = pathlib.Path(images_dir) if images_dir else data_dir / "images"
+    proposals_path = pathlib.Path(proposals_path) if proposals_path else data_dir / "proposals.h5"
+    if not image_ids:
+        if num_images < 1:
+            raise ConfigError(f"num_images must be positive, got {num_images}")
+        image_ids = read_split_ids(data_dir / f"{split}.txt")[:num_images]
+    image_ids = [str(i) for i in image_ids]
+    proposals = read_proposals(proposals_path, image_ids)
+    images = read_entities_dataset(data_dir, image_ids)
+    out_dir = pathlib.Path(out_dir)
+    written = []
+    for image in images:
+        image_path = images_dir / f"{image.image_id}.jpg"
+        pixels = load_image(image_path)
+        examples, _ = phrase_examples_from_images([image])
+        by_sentence: dict[int, list] = {}
+        for example in examples:
+            by_sentence.setdefault(example.sentence_index, []).append(example)
+        sentence_indices = sorted(by_sentence)[:max_captions] if max_captions else sorted(by_sentence)
+        if not sentence_indices:
+            logging.warning("Image %s has no phrase with a ground-truth box; skipped", image.image_id)
+            continue
+        boxes = np.asarray(proposals[image.image_id], np.float32)
+        flat = [e for s in sentence_indices for e in by_sentence[s]]
+        scores = scorer(image_path.read_bytes(), boxes, [e.phrase for e in flat])
+        best = np.argmax(scores, axis=1)
+        captions, k = [], 0
+        for s in sentence_indices:
+            sentence = image.sentences[s]
+            phrases = []
+            for example in by_sentence[s]:
+                phrase = sentence.phrases[example.phrase_index]
+                phrases.append({"first_word_index": phrase.first_word_index, "num_words": phrase.num_words,
+                                "pred_box": boxes[best[k]], "gt_boxes": example.gt_boxes})
+                k += 1
+            captions.append({"words": sentence.words, "phrases": phrases})
+        written.append(draw_image_figure(pixels, captions, out_dir / f"{image.image_id}.png",
+                                         title=f"image {image.image_id}"))
+        logging.info("Wrote %s", written[-1])
+    return written
+
+
+def define_flags():
+    flags.DEFINE_string("data_dir", None, "Flickr30K Entities-layout folder; default: the embedded dataset.")
+    flags.DEFINE_string("out_dir", None, "Where the PNGs go (one per image).")
+    flags.DEFINE_string("saved_model", None, "Region-phrase SavedModel (export_region_phrase_model).")
+    flags.DEFINE_string("run_dir", None, "Trained run directory (alternative to --saved_model).")
+    flags.DEFINE_string("backbone", "vgg19", "With --run_dir: backbone name (see build_backbone).")
+    flags.DEFINE_string("backbone_weights", None, "With --run_dir: local backbone weights file.")
+    flags.DEFINE_string("text_encoder", None, "With --run_dir: the fitted text encoder .npz.")
+    flags.DEFINE_list("image_ids", None, "Image ids to draw (default: the first --num_images of --split).")
+    flags.DEFINE_integer("num_images", 4, "Number of images when --image_ids is not given.")
+    flags.DEFINE_string("split", "test", "Split file <data_dir>/<split>.txt to take images from.")
+    flags.DEFINE_string("images_dir", None, "Image folder (default <data_dir>/images).")
+    flags.DEFINE_string("proposals", None, "Proposals file (default <data_dir>/proposals.h5).")
+    flags.DEFINE_integer("max_captions", None, "Draw at most this many captions per image.")
+
+
+def main(argv):
+    del argv
+    if not FLAGS.out_dir:
+        raise app.UsageError("--out_dir is required")
+    if bool(FLAGS.saved_model) == bool(FLAGS.run_dir):
+        raise app.UsageError("give exactly one of --saved_model and --run_dir")
+    try:
+        if FLAGS.saved_model:
+            scorer = saved_model_scorer(FLAGS.saved_model)
+        else:
+            if not FLAGS.text_encoder:
+                raise app.UsageError("--run_dir needs --text_encoder (the fitted encoder .npz)")
+            scorer = python_scorer(FLAGS.run_dir, FLAGS.backbone, FLAGS.backbone_weights, FLAGS.text_encoder)
+        data_dir = FLAGS.data_dir
+        if data_dir is None:
+            from tf_twobranch.data.embedded import load_embedded_dataset
+            data_dir = load_embedded_dataset()
+        paths = draw_localization(data_dir, FLAGS.out_dir, scorer, image_ids=FLAGS.image_ids,
+                                  num_images=FLAGS.num_images, split=FLAGS.split, images_dir=FLAGS.images_dir,
+                                  proposals_path=FLAGS.proposals, max_captions=FLAGS.max_captions)
+    except UserInputError as err:
+        raise app.UsageError(str(err)) from None
+    print(f"Wrote {len(paths)} pictures to {FLAGS.out_dir}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
