@@ -136,6 +136,8 @@ def test_scores_equal_python_path(parts, exported):
     phrases = loaded.signatures["embed_phrases"](phrases=tf.constant(PHRASES))
     assert regions["region_embedding"].shape == (len(PROPOSALS), 6)
     assert phrases["phrase_embedding"].shape == (len(PHRASES), 6)
+    if model.config.kind != "embedding":
+        return  # the input handling below does not depend on the scoring head
     # PNG input and more proposals than one backbone chunk (64).
     many = np.tile(PROPOSALS, (15, 1))
     png = loaded.signatures["score_proposals"](image_jpeg=tf.constant(_encode(image, "PNG")),
