@@ -171,7 +171,12 @@ def tf_decode_image(image_bytes, *, name: str | None = None):
     tf.debugging.assert_equal(
         is_image, True,
         message=f"{label}: cannot decode image; expected JPEG, PNG, BMP or GIF bytes")
-    image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
+    # JPEGs are decoded with the accurate integer DCT so pixels equal PIL's
+    # (load_image); TF's default fast DCT differs by up to ~20 grey levels.
+    image = tf.cond(
+        tf.io.is_jpeg(image_bytes),
+        lambda: tf.io.decode_jpeg(image_bytes, channels=3, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_image(image_bytes, channels=3, expand_animations=False))
     image.set_shape([None, None, 3])
     return image
 
