@@ -1,0 +1,436 @@
+r"""Phrase localization with two-branch networks (TPAMI Table 1, §4).
+
+    python -m experiments.phrase_localization \
+        --flagfile=experiments/configs/table1_b5_nonlinear_augm_bidir_nbr_sampling.cfg
+    python -m experiments.phrase_localization --rows=all      # every Table 1 row, then the table
+
+With no --dataset_dir the embedded digit-scene dataset is generated (once)
+and used, with its proposals.h5. For Flickr30K Entities pass --dataset_dir
+(Sentences/, Annotations/, train/val/test.txt, images/), --proposals
+(200 EdgeBoxes per image; HDF5 or a directory, see
+tf_twobranch.data.formats.proposals) and --image_backbone=vgg16
+--backbone_weights=<local file>.
+
+Training follows §4.3: Adam 1e-3, batches of 100 ground-truth
+region–phrase pairs (Algorithm 1), no dropout, branches 4096→1024→512;
+``--epochs`` with the bi-directional terms (and neighbourhood sampling when
+on), then ``--constraint_epochs`` more with λ3/λ4 switched on when
+``--neighbourhood_constraints``; optionally ``--hard_negative_epochs`` of the
+CVPR 2016 stage (≤ 50 mined hard negatives per unique phrase, λ3 = λ4 = 0).
+The test split is scored with R@1/5/10 at IoU ≥ 0.5, the proposals' upper
+bound and a per-type breakdown.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import sys
+import time
+
+import numpy as np
+from absl import app, flags, logging
+
+from experiments import common
+
+MODELS = ("embedding", "similarity", "cca")
+SIMILARITY_HEADS = {1: (), 2: (512,), 3: (512, 256)}   # FC layers after the element-wise product
+TABLE_COLUMNS = ("linear", "non-linear", "single pos.", "augm. pos.", "single-dir.", "bi-dir.",
+                 "nbr. sampl.", "nbr. constr.")
+
+# Defaults used when no --dataset_dir is given (the embedded digit scenes),
+# unless the flag is set explicitly: smaller word vectors (134-word
+# vocabulary; the Fisher vector then needs no PCA) and at most 20 negative
+# regions drawn per coreference chain (the paper keeps all, ~200 per phrase,
+# which makes a batch of 100 pairs ~20,000 regions on a CPU).
+EMBEDDED_PROFILE = {"word_dim": 50, "negatives_per_phrase": 20}
+
+
+def apply_embedded_profile(f) -> dict:
+    """Sets EMBEDDED_PROFILE values on flags the user did not set; returns them."""
+    applied = {}
+    if f.dataset_dir:
+        return applied
+    for name, value in EMBEDDED_PROFILE.items():
+        if not f[name].present:
+            f[name].value = value
+            applied[name] = value
+    return applied
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    # Data and features.
+    flags.DEFINE_string("dataset_dir", "", "Flickr30K Entities-style folder; empty: the embedded dataset.", **d)
+    flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images).", **d)
+    flags.DEFINE_string("features_cache", "", "Feature cache (default <dataset_dir>/features).", **d)
+    flags.DEFINE_string("proposals", "", "Proposals file/folder (default <dataset_dir>/proposals.h5, "
+                        "generated with the built-in generator when absent).", **d)
+    flags.DEFINE_integer("max_proposals", 200, "Proposals ranked per image (the paper: 200 EdgeBoxes).",
+                         lower_bound=1, **d)
+    flags.DEFINE_integer("max_train_images", 0, "Use only the first N training images (0 = all).",
+                         lower_bound=0, **d)
+    flags.DEFINE_integer("max_test_images", 0, "Use only the first N test images (0 = all).",
+                         lower_bound=0, **d)
+    flags.DEFINE_enum("image_backbone", "scene_cnn", ["scene_cnn", "vgg16", "vgg19", "resnet50", "resnet152"],
+                      "CNN for the single-crop region features.", **d)
+    flags.DEFINE_string("backbone_weights", "", "Local ImageNet weights of the backbone.", **d)
+    flags.DEFINE_integer("scene_cnn_epochs", 12, "Epochs of the scene_cnn trained on the training "
+                         "images and captions.", lower_bound=1, **d)
+    flags.DEFINE_enum("text_encoder", "fisher_hglmm", ["fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf"],
+                      "Phrase representation (fitted on the training phrases).", **d)
+    flags.DEFINE_string("word_vectors", "", "Local word2vec/GloVe file (default: trained on the "
+                        "training captions).", **d)
+    flags.DEFINE_integer("word_dim", 300, "Size of word vectors trained on the captions.", lower_bound=2, **d)
+    flags.DEFINE_integer("pca_dim", 6000, "PCA size of Fisher vectors larger than this.", lower_bound=1, **d)
+    # Model.
+    flags.DEFINE_enum("model", "embedding", list(MODELS), "Which model.", **d)
+    flags.DEFINE_enum("branch", "nonlinear", ["nonlinear", "linear"], "Branch structure (§4.2).", **d)
+    flags.DEFINE_enum("layout", "original", ["original", "paper"],
+                      "original: FC-BN-ReLU-FC (reference code; linear = FC-L2 as §4.2); "
+                      "paper: FC-ReLU-FC-BN.", **d)
+    flags.DEFINE_integer("hidden_dim", 1024, "First FC layer of each branch (§4.3: 1024).", lower_bound=1, **d)
+    flags.DEFINE_integer("embed_dim", 512, "Embedding size.", lower_bound=1, **d)
+    flags.DEFINE_float("dropout", 0.0, "Dropout after the ReLU (the paper: none for phrase localization).",
+                       lower_bound=0.0, upper_bound=0.95, **d)
+    flags.DEFINE_integer("similarity_head_layers", 3, "FC layers after the element-wise product "
+                         "(1: 512→1, 2: 512→512→1, 3: 512→512→256→1).", lower_bound=1, upper_bound=3, **d)
+    flags.DEFINE_integer("cca_components", 512, "CCA dimensions (model=cca).", lower_bound=1, **d)
+    # Algorithm 1 and the loss.
+    flags.DEFINE_bool("augment_positives", True, "Positive region augmentation (IoU >= 0.7).", **d)
+    flags.DEFINE_bool("neighbourhood_sampling", False, "Algorithm 1 step 3c.", **d)
+    flags.DEFINE_bool("neighbourhood_constraints", False, "Switch on λ3/λ4 for the --constraint_epochs "
+                      "stage (needs neighbourhood sampling).", **d)
+    flags.DEFINE_float("image_anchor_weight", 1.0, "λ1: region-anchor term; 0 = single-directional.",
+                       lower_bound=0.0, **d)
+    flags.DEFINE_float("text_anchor_weight", 4.0, "λ2: phrase-anchor (phrase-to-region) term.",
+                       lower_bound=0.0, **d)
+    flags.DEFINE_float("image_neighbour_weight", 0.1, "λ3 (used only with --neighbourhood_constraints).",
+                       lower_bound=0.0, **d)
+    flags.DEFINE_float("text_neighbour_weight", 0.1, "λ4 (used only with --neighbourhood_constraints).",
+                       lower_bound=0.0, **d)
+    flags.DEFINE_float("margin", 0.05, "Ranking margin m.", lower_bound=0.0, **d)
+    flags.DEFINE_integer("top_k", 30, "K violating triplets kept per positive pair.", lower_bound=1, **d)
+    flags.DEFINE_integer("batch_size", 100, "Ground-truth region–phrase pairs per batch.", lower_bound=2, **d)
+    flags.DEFINE_integer("negatives_per_phrase", 0, "Cap on IoU<0.3 regions drawn per coreference chain "
+                         "(0 = all, as the paper).", lower_bound=0, **d)
+    flags.DEFINE_integer("max_positives_per_phrase", 0, "Similarity network: positives kept per pair "
+                         "(0 = all).", lower_bound=0, **d)
+    # Training.
+    flags.DEFINE_integer("epochs", 8, "Epochs of the first stage.", lower_bound=1, **d)
+    flags.DEFINE_integer("constraint_epochs", 2, "Further epochs with λ3/λ4 on (only with "
+                         "--neighbourhood_constraints).", lower_bound=0, **d)
+    flags.DEFINE_integer("hard_negative_epochs", 0, "CVPR 2016 stage: epochs after mining hard negatives "
+                         "(bi-directional terms only).", lower_bound=0, **d)
+    flags.DEFINE_integer("max_hard_negatives", 50, "Hard negatives kept per unique phrase.", lower_bound=1, **d)
+    flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate (§4.3).", lower_bound=0.0, **d)
+    flags.DEFINE_enum("strategy", "default", ["default", "mirrored", "multi_worker", "tpu"],
+                      "tf.distribute strategy.", **d)
+    flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
+    flags.DEFINE_integer("verbose", 1, "Keras progress bar (0 = silent).", **d)
+    # Output.
+    flags.DEFINE_string("run_dir", "", "Run directory (default runs/<row_name>).", **d)
+    flags.DEFINE_bool("export", True, "Write a SavedModel (region/phrase feature towers) to <run_dir>/export.", **d)
+    flags.DEFINE_string("row_name", "", "Name of the table row.", **d)
+    flags.DEFINE_string("paper_results", "", "The paper's R@1,R@5,R@10 for this row (fewer when the "
+                        "paper gives fewer).", **d)
+    flags.DEFINE_string("out_json", "", "Results JSON (default <run_dir>/results.json).", **d)
+
+
+def feature_spec(f):
+    from tf_twobranch.features.prepare_regions import RegionFeatureSpec
+    max_images = {s: n for s, n in (("train", f.max_train_images), ("test", f.max_test_images)) if n}
+    return RegionFeatureSpec(image_backbone=f.image_backbone, backbone_weights=f.backbone_weights or None,
+                             scene_cnn_epochs=f.scene_cnn_epochs, proposals=f.proposals or None,
+                             max_proposals=f.max_proposals, text_encoder=f.text_encoder,
+                             word_vectors=f.word_vectors or None, word_dim=f.word_dim, pca_dim=f.pca_dim,
+                             max_images=max_images or None, seed=f.seed)
+
+
+def load_data(f):
+    """(dataset_dir, {"train": PhraseLocalizationData, "test": ...})."""
+    from tf_twobranch.data.embedded import load_embedded_dataset
+    from tf_twobranch.features.prepare_regions import prepare_phrase_localization
+    dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
+    if not dataset_dir.is_dir():
+        raise common.UserInputError(f"--dataset_dir={dataset_dir}: directory does not exist")
+    cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
+    data = prepare_phrase_localization(dataset_dir, cache, feature_spec(f), ("train", "test"),
+                                       images_dir=f.images_dir or None)
+    return dataset_dir, data
+
+
+def table_marks(f) -> dict:
+    """The row's Table 1 checkmarks (None for columns that do not apply)."""
+    emb = f.model == "embedding"
+    if f.model == "cca":
+        return {c: None for c in TABLE_COLUMNS}
+    bidir = f.image_anchor_weight > 0
+    return {"linear": f.branch == "linear", "non-linear": f.branch == "nonlinear",
+            "single pos.": not f.augment_positives, "augm. pos.": f.augment_positives,
+            "single-dir.": (not bidir) if emb else None, "bi-dir.": bidir if emb else None,
+            "nbr. sampl.": f.neighbourhood_sampling if emb else None,
+            "nbr. constr.": f.neighbourhood_constraints if emb else None}
+
+
+def build_config(f, image_dim: int, text_dim: int, constraints: bool = False):
+    from tf_twobranch.models.two_branch import TwoBranchConfig
+    hidden = () if f.branch == "linear" else (f.hidden_dim,)
+    return TwoBranchConfig(
+        kind=f.model, image_dim=image_dim, text_dim=text_dim, image_hidden=hidden, text_hidden=hidden,
+        embed_dim=f.embed_dim, layout=f.layout, dropout=f.dropout,
+        similarity_head=SIMILARITY_HEADS[f.similarity_head_layers], margin=f.margin, top_k=f.top_k,
+        image_anchor_weight=f.image_anchor_weight, text_anchor_weight=f.text_anchor_weight,
+        image_neighbour_weight=f.image_neighbour_weight if constraints else 0.0,
+        text_neighbour_weight=f.text_neighbour_weight if constraints else 0.0)
+
+
+def check_flags(f) -> None:
+    if f.model != "embedding":
+        return
+    if f.neighbourhood_constraints and not f.neighbourhood_sampling:
+        raise common.UserInputError("--neighbourhood_constraints needs --neighbourhood_sampling (TPAMI §4.2)")
+    if f.image_anchor_weight == 0 and f.text_anchor_weight == 0:
+        raise common.UserInputError("--image_anchor_weight and --text_anchor_weight are both 0: no ranking loss")
+
+
+class _CCAScorer:
+    """Adapts a fitted CCA to the model interface of the phrase-localization evaluation."""
+    similarity_head = None
+
+    def __init__(self, cca):
+        self.cca = cca
+
+    def embed_images(self, x, batch_size=None):
+        return self.cca.transform_images(np.asarray(x))
+
+    def embed_texts(self, x, batch_size=None):
+        return self.cca.transform_texts(np.asarray(x))
+
+
+def _positive_pairs(data):
+    """(region, phrase-feature row) of every ground-truth pair: CCA is trained on positives only."""
+    return data.chain_gt_region[data.phrase_chain], data.phrase_feature_index
+
+
+def _sampler(f, data, seed, hard_negatives=None):
+    from tf_twobranch.sampling import phrase_localization as pl
+    if f.model == "embedding":
+        return pl.PhraseTripletSampler(
+            data, batch_size=min(f.batch_size, data.num_phrases), augment_positives=f.augment_positives,
+            neighbourhood_sampling=f.neighbourhood_sampling,
+            negatives_per_phrase=f.negatives_per_phrase or None, hard_negatives=hard_negatives,
+            max_hard_negatives=f.max_hard_negatives, seed=seed)
+    return pl.PhrasePairSampler(data, batch_size=min(f.batch_size, data.num_phrases),
+                                augment_positives=f.augment_positives,
+                                max_positives_per_phrase=f.max_positives_per_phrase or None, seed=seed)
+
+
+def _clear_stale_backup(run_dir: pathlib.Path, run_config: dict) -> None:
+    """A resumable backup from a run with other settings must not be restored."""
+    previous = run_dir / "run_config.json"
+    if previous.exists():
+        try:
+            same = json.loads(previous.read_text(encoding="utf-8")).get("flags") == \
+                json.loads(json.dumps(run_config["flags"], default=str))
+        except json.JSONDecodeError:
+            same = False
+        if not same:
+            shutil.rmtree(run_dir / "backup", ignore_errors=True)
+
+
+def _set_loss(model, **weights) -> None:
+    import dataclasses
+    model.config = dataclasses.replace(model.config, **weights)
+    model.train_function = None   # retrace: the loss weights are read when the step is traced
+
+
+def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
+    """Trains the embedding/similarity network on the training split; returns (model, info)."""
+    import keras
+    from tf_twobranch.models.two_branch import build_model
+    from tf_twobranch.sampling import phrase_localization as pl
+    from tf_twobranch.sampling.phrase_localization import attach_phrase_features
+    from tf_twobranch.training import trainer
+    config = build_config(f, data.region_features.shape[1], data.phrase_features.shape[1])
+    tcfg = trainer.TrainConfig(epochs=f.epochs, learning_rate=f.learning_rate, seed=f.seed,
+                               strategy=f.strategy, verbose=f.verbose)
+    tcfg.validate()
+    keras.utils.set_random_seed(f.seed)
+    strategy = trainer.get_strategy(f.strategy)
+    with strategy.scope():
+        model = build_model(config)
+    run_config = {"model": config.to_dict(), "train": tcfg.__dict__, "flags": f.flag_values_dict(),
+                  "task": "phrase_localization"}
+    _clear_stale_backup(run_dir, run_config)
+    trainer.write_json_atomic(run_dir / "run_config.json", run_config)
+    info = {"stages": []}
+    sampler = _sampler(f, data, f.seed)
+    steps = sampler.steps_per_epoch
+    history = trainer.train(model, attach_phrase_features(sampler.dataset(), data), tcfg, run_dir,
+                            steps_per_epoch=steps)
+    info["stages"].append({"name": "main", "epochs": f.epochs, "loss": history.history["loss"]})
+    epoch = f.epochs
+    if f.model == "embedding" and f.neighbourhood_constraints and f.constraint_epochs:
+        _set_loss(model, image_neighbour_weight=f.image_neighbour_weight,
+                  text_neighbour_weight=f.text_neighbour_weight)
+        sampler = _sampler(f, data, f.seed + 1)
+        history = trainer.train(model, attach_phrase_features(sampler.dataset(), data), tcfg, run_dir,
+                                steps_per_epoch=steps, initial_epoch=epoch, epochs=epoch + f.constraint_epochs)
+        epoch += f.constraint_epochs
+        info["stages"].append({"name": "neighbourhood_constraints", "epochs": f.constraint_epochs,
+                               "loss": history.history["loss"]})
+    if f.model == "embedding" and f.hard_negative_epochs:
+        from tf_twobranch.evaluation.phrase_localization import _l2_normalise
+        regions = _l2_normalise(model.embed_images(np.asarray(data.region_features)))
+        phrases = _l2_normalise(model.embed_texts(np.asarray(data.phrase_features)))
+        hard = pl.mine_hard_negatives(data, regions, phrases, max_per_phrase=f.max_hard_negatives)
+        _set_loss(model, image_neighbour_weight=0.0, text_neighbour_weight=0.0)
+        sampler = _sampler(f, data, f.seed + 2, hard_negatives=hard)
+        history = trainer.train(model, attach_phrase_features(sampler.dataset(), data), tcfg, run_dir,
+                                steps_per_epoch=steps, initial_epoch=epoch,
+                                epochs=epoch + f.hard_negative_epochs)
+        info["stages"].append({"name": "hard_negatives", "epochs": f.hard_negative_epochs,
+                               "num_hard_negatives": int(len(hard.region_index)),
+                               "loss": history.history["loss"]})
+    info["final_loss"] = float(info["stages"][-1]["loss"][-1])
+    info["steps_per_epoch"] = steps
+    # The saved config is the one the final weights were trained with.
+    run_config["model"] = model.config.to_dict()
+    trainer.write_json_atomic(run_dir / "run_config.json", run_config)
+    info["run_config"] = run_config
+    return model, info
+
+
+def run(f) -> dict:
+    """Runs one Table 1 row; returns the results record (also written as JSON)."""
+    from tf_twobranch.evaluation.phrase_localization import evaluate_phrase_localization
+    start = time.time()
+    profile = apply_embedded_profile(f)
+    if profile:
+        logging.info("embedded dataset: using its profile defaults %s", profile)
+    check_flags(f)
+    row_name = f.row_name or "phrase_localization"
+    run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
+    dataset_dir, data = load_data(f)
+    train, test = data["train"], data["test"]
+    record = {"row": row_name, "dataset_dir": str(dataset_dir), "flags": f.flag_values_dict(),
+              "paper": common.paper_numbers(f.paper_results), "marks": table_marks(f),
+              "num_train_phrases": train.num_phrases, "num_test_phrases": test.num_phrases,
+              "num_test_images": len(test.image_ids),
+              "proposals_per_image": float(np.mean(test.num_proposals))}
+    if f.model == "cca":
+        from tf_twobranch.baselines.cca import CCABaseline
+        regions, rows = _positive_pairs(train)
+        cca = CCABaseline(n_components=min(f.cca_components, train.region_features.shape[1],
+                                           train.phrase_features.shape[1]), seed=f.seed)
+        cca.fit(np.asarray(train.region_features[regions]), np.asarray(train.phrase_features[rows]))
+        record["metrics"] = evaluate_phrase_localization(_CCAScorer(cca), test)
+    else:
+        model, info = train_model(f, train, run_dir)
+        record.update({k: v for k, v in info.items() if k != "run_config"})
+        record["metrics"] = evaluate_phrase_localization(model, test)
+        if f.export:
+            from tf_twobranch.export import export_saved_model
+            record["export_dir"] = str(export_saved_model(model, run_dir / "export",
+                                                          run_config=info["run_config"]))
+    record["seconds"] = time.time() - start
+    common.write_json(f.out_json or run_dir / "results.json", record)
+    return record
+
+
+# --------------------------------------------------------------------------- table
+
+
+def format_localization_table(title: str, rows: list[dict], ks=(1, 5, 10)) -> str:
+    """TPAMI Table 1 layout: checkmark columns, our R@K and the paper's R@K."""
+    name_w = max([len(r["name"]) for r in rows] + [20])
+    mark_w = [max(len(c), 3) for c in TABLE_COLUMNS]
+    head = (f"{'Method':{name_w}} | " + " ".join(f"{c:^{w}}" for c, w in zip(TABLE_COLUMNS, mark_w))
+            + " | " + "".join(f"{'R@' + str(k):>7}" for k in ks) + " |" + "".join(
+                f"{'paper R@' + str(k):>11}" for k in ks))
+    lines = [title, "=" * len(head), head, "-" * len(head)]
+    for r in rows:
+        marks = r.get("marks") or {}
+        cells = []
+        for c, w in zip(TABLE_COLUMNS, mark_w):
+            v = marks.get(c)
+            cells.append(f"{('√' if v else '-') if v is not None else '':^{w}}")
+        m = r["metrics"]
+        paper = list(r.get("paper") or [])
+        paper += [None] * (len(ks) - len(paper))
+        lines.append(f"{r['name']:{name_w}} | " + " ".join(cells) + " | "
+                     + "".join(f"{m[f'r{k}']:7.2f}" for k in ks) + " |"
+                     + "".join(f"{p:11.2f}" if p is not None else f"{'-':>11}" for p in paper[:len(ks)]))
+    lines.append("-" * len(head))
+    if rows:
+        ub = rows[0]["metrics"].get("upper_bound")
+        lines.append(f"Upper bound (a proposal with IoU >= 0.5 exists): {ub:.2f} "
+                     f"(paper, 200 EdgeBoxes: R@200 = 84.58)")
+    return "\n".join(lines)
+
+
+def format_per_type(metrics: dict) -> str:
+    per = metrics.get("per_type") or {}
+    lines = ["Per phrase type R@1 / R@5 / R@10 (phrases):"]
+    for t, m in per.items():
+        lines.append(f"  {t:12s} {m['r1']:6.2f} {m['r5']:6.2f} {m['r10']:6.2f}  ({m['num_phrases']})")
+    return "\n".join(lines)
+
+
+def _table_row(record: dict) -> dict:
+    return {"name": record["row"], "metrics": record["metrics"], "paper": record["paper"],
+            "marks": record["marks"]}
+
+
+def run_rows(configs, overrides=(), export_row: str = "b5", out_json=None) -> list[dict]:
+    """Runs several flagfiles (each in its own FlagValues) and prints the Table 1 layout."""
+    records, start = [], time.time()
+    for cfg in configs:
+        cfg = common.resolve_config(str(cfg))
+        export = bool(export_row) and export_row in cfg.stem
+        fv = common.parse_flagfile(define_flags, str(cfg),
+                                   [*overrides, f"--export={str(export).lower()}",
+                                    *([] if any(o.startswith("--run_dir") for o in overrides)
+                                      else [f"--run_dir={common.REPO_ROOT / 'runs' / cfg.stem}"])])
+        print(f"\n=== {cfg.name}: {fv.row_name}", flush=True)
+        record = run(fv)
+        records.append(record)
+        print(format_localization_table(cfg.stem, [_table_row(record)]), flush=True)
+    first = records[0]
+    print()
+    print(format_localization_table(
+        f"Table 1-style phrase localization on {first['dataset_dir']} ({first['num_test_phrases']} test "
+        f"phrases, {first['proposals_per_image']:.0f} proposals per image); paper numbers: Flickr30K Entities",
+        [_table_row(r) for r in records]))
+    out = out_json or common.REPO_ROOT / "runs" / "table1.json"
+    common.write_json(out, {"rows": records, "seconds": time.time() - start})
+    print(f"results: {out} ({time.time() - start:.0f} s)")
+    return records
+
+
+def main(argv):
+    f = flags.FLAGS
+    try:
+        if f.rows:
+            names = (sorted(common.CONFIG_DIR.glob("table1_*.cfg")) if f.rows == ["all"] else f.rows)
+            overrides = [a for a in sys.argv[1:] if a.startswith("-")
+                         and a.lstrip("-").split("=", 1)[0] not in ("rows", "flagfile")]
+            run_rows(names, overrides)
+            return
+        record = run(f)
+    except common.UserInputError as e:
+        common.exit_with_user_error(e)
+    print(format_localization_table(
+        f"Phrase localization ({record['num_test_phrases']} test phrases); paper numbers: Flickr30K Entities",
+        [_table_row(record)]))
+    print(format_per_type(record["metrics"]))
+    if record.get("export_dir"):
+        print(f"SavedModel: {record['export_dir']}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    flags.DEFINE_list("rows", [], "Run these Table 1 flagfiles (names in experiments/configs or paths; "
+                      "'all' = every table1_*.cfg) and print the whole table; other flags go to every row.")
+    app.run(main)

@@ -1,0 +1,350 @@
+"""Feature preparation for phrase localization (TPAMI §4): regions and phrases.
+
+For each split of a Flickr30K-Entities-style dataset folder (``Sentences/``,
+``Annotations/``, ``train.txt``/``val.txt``/``test.txt``, ``images/``):
+
+* phrase examples (:func:`tf_twobranch.data.phrases.build_phrase_examples`:
+  non-visual phrases excluded, plural chains merged into one box);
+* region proposals, from ``RegionFeatureSpec.proposals`` (HDF5 file or
+  directory, :mod:`tf_twobranch.data.formats.proposals`), else
+  ``<dataset_dir>/proposals.h5``, else generated once with the built-in
+  generator (:mod:`tf_twobranch.data.proposal_generator`) and cached;
+* one feature vector per proposal and per ground-truth region (single crop
+  warped to the backbone input, §4.3), one image at a time, with the
+  ``scene_cnn`` backbone trained once on the training images and captions
+  (saved in the cache) or a VGG/ResNet backbone from ``backbone_weights``;
+* phrase features: Fisher vectors (HGLMM/GMM) / mean word vectors / tf-idf of
+  the phrase words, the encoder fitted on the *training phrases*, with word
+  vectors from a local file or trained on the training captions.
+
+Everything is cached under ``cache_dir`` in directories named by a digest of
+the settings; region features are ``.npy`` files read back as memory maps.
+:func:`prepare_phrase_localization` returns one
+:class:`~tf_twobranch.sampling.phrase_localization.PhraseLocalizationData`
+per split; :func:`load_phrase_encoder` and :func:`split_region_features`
+give the same encoder / proposal features to other experiments (Table 5).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from typing import Sequence
+
+import numpy as np
+from absl import logging
+
+from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features.prepare import IMAGE_BACKBONES, _digest, _image_path
+
+PHRASE_ENCODERS = ("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf")
+
+
+@dataclasses.dataclass
+class RegionFeatureSpec:
+    """Settings of the region and phrase features (all part of the cache key)."""
+    image_backbone: str = "scene_cnn"
+    backbone_weights: str | None = None
+    scene_cnn_epochs: int = 12
+    proposals: str | None = None
+    max_proposals: int = 200
+    text_encoder: str = "fisher_hglmm"
+    word_vectors: str | None = None
+    word_dim: int = 300
+    fisher_components: int = 30
+    pca_dim: int = 6000
+    max_images: dict | None = None   # split -> keep only its first N images (quick runs)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.image_backbone not in IMAGE_BACKBONES:
+            raise ConfigError(f"image_backbone must be one of {IMAGE_BACKBONES}, got {self.image_backbone!r}")
+        if self.text_encoder not in PHRASE_ENCODERS:
+            raise ConfigError(f"phrase text_encoder must be one of {PHRASE_ENCODERS}, got {self.text_encoder!r}")
+        for name in ("scene_cnn_epochs", "max_proposals", "word_dim", "fisher_components", "pca_dim"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("backbone_weights", "word_vectors", "proposals"):
+            path = getattr(self, name)
+            if path and not pathlib.Path(path).exists():
+                raise ConfigError(f"--{name}={path}: file not found")
+        if self.image_backbone != "scene_cnn" and not self.backbone_weights:
+            raise ConfigError(f"image_backbone={self.image_backbone} needs --backbone_weights (a local "
+                              "ImageNet weights file; nothing is downloaded)")
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def split_image_ids(dataset_dir, split: str, max_images: int | None = None) -> list[str]:
+    """Image ids listed in ``<dataset_dir>/<split>.txt`` (first ``max_images`` of them)."""
+    path = pathlib.Path(dataset_dir) / f"{split}.txt"
+    if not path.is_file():
+        raise DataFormatError(path, f"split file missing: expected one image id per line for the {split} split")
+    ids = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not ids:
+        raise DataFormatError(path, "split file lists no image ids")
+    return ids[:max_images] if max_images else ids
+
+
+def _proposals_source(dataset_dir: pathlib.Path, cache_dir: pathlib.Path, spec: RegionFeatureSpec,
+                      all_ids: Sequence[str], images_dir: pathlib.Path) -> pathlib.Path:
+    if spec.proposals:
+        return pathlib.Path(spec.proposals)
+    default = dataset_dir / "proposals.h5"
+    if default.exists():
+        return default
+    generated = cache_dir / f"proposals_generated_{spec.max_proposals}_{_digest({'ids': list(all_ids)})}.h5"
+    if not generated.exists():
+        from tf_twobranch.data.proposal_generator import generate_proposals_for_images
+        logging.info("No proposals file: generating %d proposals for %d images into %s",
+                     spec.max_proposals, len(all_ids), generated)
+        generated.parent.mkdir(parents=True, exist_ok=True)
+        tmp = generated.with_name(".tmp_" + generated.name)
+        generate_proposals_for_images([_image_path(images_dir, i) for i in all_ids], tmp,
+                                      num_proposals=spec.max_proposals, seed=spec.seed, image_ids=list(all_ids))
+        tmp.rename(generated)
+    return generated
+
+
+def read_split_proposals(path, image_ids: Sequence[str], max_proposals: int) -> dict[str, np.ndarray]:
+    """Proposals of ``image_ids`` (best ``max_proposals`` first); a missing image is a DataFormatError."""
+    from tf_twobranch.data.formats.proposals import read_proposals
+    path = pathlib.Path(path)
+    if path.suffix.lower() in (".h5", ".hdf5"):
+        import h5py
+        with h5py.File(path, "r") as handle:
+            missing = [i for i in image_ids if i not in handle]
+        if missing:
+            raise DataFormatError(path, f"no proposals for image {missing[0]} ({len(missing)} image(s) of the "
+                                  "split missing); every image of the split needs a proposals dataset "
+                                  "named by its id", record=missing[0])
+    boxes = read_proposals(path, list(image_ids))
+    out = {}
+    for image_id in image_ids:
+        b = boxes[image_id][:max_proposals]
+        if len(b) == 0:
+            raise DataFormatError(path, f"image {image_id} has no proposals", record=image_id)
+        out[image_id] = b
+    return out
+
+
+def _half_open(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Inclusive-pixel boxes (tf_twobranch.boxes) → half-open crops inside the image."""
+    b = np.asarray(boxes, np.float64).copy()
+    b[:, 0] = np.clip(b[:, 0], 0, width - 1)
+    b[:, 1] = np.clip(b[:, 1], 0, height - 1)
+    b[:, 2] = np.clip(b[:, 2] + 1, b[:, 0] + 1, width)
+    b[:, 3] = np.clip(b[:, 3] + 1, b[:, 1] + 1, height)
+    return b
+
+
+# --------------------------------------------------------------------------- backbone
+
+
+def region_backbone(dataset_dir: pathlib.Path, images_dir: pathlib.Path, region_dir: pathlib.Path,
+                    spec: RegionFeatureSpec):
+    """The CNN used for region crops: scene_cnn trained once (cached), or a VGG/ResNet from local weights."""
+    if spec.image_backbone != "scene_cnn":
+        from tf_twobranch.features.backbones import build_backbone
+        return build_backbone(spec.image_backbone, weights_path=spec.backbone_weights)
+    from tf_twobranch.features.scene_cnn import load_scene_cnn, save_scene_cnn, train_scene_cnn
+    path = region_dir / "scene_cnn.keras"
+    if path.exists():
+        return load_scene_cnn(path)
+    # Same training inputs as the image-sentence features (tf_twobranch.features.prepare):
+    # the training images and their captions.
+    from tf_twobranch.data.retrieval_data import load_caption_splits
+    from tf_twobranch.data.tokenize import tokenize_caption
+    from tf_twobranch.features.images import load_image
+    train = load_caption_splits(dataset_dir)["train"]
+    images = np.stack([load_image(_image_path(images_dir, i)) for i in train.image_ids])
+    tokens = [[tokenize_caption(c) for c in caps] for caps in train.captions_by_image()]
+    backbone = train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed)
+    region_dir.mkdir(parents=True, exist_ok=True)
+    save_scene_cnn(backbone, path)
+    return backbone
+
+
+# --------------------------------------------------------------------------- region features
+
+
+def _region_key(spec: RegionFeatureSpec, proposals_path: pathlib.Path) -> dict:
+    return {"backbone": spec.image_backbone, "weights": spec.backbone_weights,
+            "scene_cnn_epochs": spec.scene_cnn_epochs, "proposals": str(proposals_path.resolve()),
+            "max_proposals": spec.max_proposals, "seed": spec.seed}
+
+
+def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatureSpec, *,
+                          images_dir=None, examples=None):
+    """Proposals and region features of one split (computed once, then memory-mapped).
+
+    Returns a dict with ``image_ids`` (the split file's order), ``proposals``
+    {id: (N_i, 4)}, ``proposal_features`` {id: (N_i, D)} and
+    ``gt_region_features`` {id: (G_i, D)} in the order of
+    :func:`~tf_twobranch.sampling.phrase_localization.ground_truth_regions`.
+    """
+    from tf_twobranch.data.phrases import build_phrase_examples
+    from tf_twobranch.sampling.phrase_localization import ground_truth_regions
+    spec.validate()
+    dataset_dir = pathlib.Path(dataset_dir)
+    cache_dir = pathlib.Path(cache_dir)
+    images_dir = pathlib.Path(images_dir) if images_dir else dataset_dir / "images"
+    limit = (spec.max_images or {}).get(split)
+    ids = split_image_ids(dataset_dir, split, limit)
+    if examples is None:
+        examples = build_phrase_examples(dataset_dir, ids)
+    all_ids = [i for s in ("train", "val", "test") if (dataset_dir / f"{s}.txt").exists()
+               for i in split_image_ids(dataset_dir, s)]
+    proposals_path = _proposals_source(dataset_dir, cache_dir, spec, all_ids, images_dir)
+    proposals = read_split_proposals(proposals_path, ids, spec.max_proposals)
+    gt = ground_truth_regions(examples)
+    region_dir = cache_dir / f"regions_{spec.image_backbone}_{_digest(_region_key(spec, proposals_path))}"
+    stem = f"{split}_{_digest({'ids': ids})}"
+    index_path = region_dir / f"{stem}_index.json"
+    if not index_path.exists():
+        from tf_twobranch.features.image_features import extract_region_features
+        from tf_twobranch.features.images import load_image
+        backbone = region_backbone(dataset_dir, images_dir, region_dir, spec)
+        dim = int(backbone.output_shape[-1])
+        counts = [len(proposals[i]) for i in ids]
+        gt_counts = [len(gt[i][1]) if i in gt else 0 for i in ids]
+        region_dir.mkdir(parents=True, exist_ok=True)
+        tmp_p, tmp_g = region_dir / f".tmp_{stem}_proposals.npy", region_dir / f".tmp_{stem}_gt.npy"
+        prop = np.lib.format.open_memmap(tmp_p, "w+", np.float32, (sum(counts), dim))
+        gtf = np.lib.format.open_memmap(tmp_g, "w+", np.float32, (max(1, sum(gt_counts)), dim))
+        start, p_at, g_at = time.time(), 0, 0
+        for n, image_id in enumerate(ids):
+            image = load_image(_image_path(images_dir, image_id))
+            h, w = image.shape[:2]
+            boxes = proposals[image_id]
+            if image_id in gt:
+                boxes = np.concatenate([boxes, gt[image_id][1]])
+            feats = extract_region_features(image, _half_open(boxes, h, w), backbone, batch_size=256,
+                                            source=f"{proposals_path} (image {image_id})")
+            c, g = counts[n], gt_counts[n]
+            prop[p_at:p_at + c] = feats[:c]
+            gtf[g_at:g_at + g] = feats[c:]
+            p_at, g_at = p_at + c, g_at + g
+            if (n + 1) % 100 == 0:
+                logging.info("region features (%s): %d/%d images, %.0f s", split, n + 1, len(ids),
+                             time.time() - start)
+        prop.flush()
+        gtf.flush()
+        del prop, gtf
+        tmp_p.rename(region_dir / f"{stem}_proposals.npy")
+        tmp_g.rename(region_dir / f"{stem}_gt.npy")
+        index_path.write_text(json.dumps({"image_ids": ids, "proposal_counts": counts,
+                                          "gt_counts": gt_counts}), encoding="utf-8")
+        logging.info("region features of %s computed in %.1f s", split, time.time() - start)
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    prop = np.load(region_dir / f"{stem}_proposals.npy", mmap_mode="r")
+    gtf = np.load(region_dir / f"{stem}_gt.npy", mmap_mode="r")
+    p_off = np.concatenate([[0], np.cumsum(index["proposal_counts"])])
+    g_off = np.concatenate([[0], np.cumsum(index["gt_counts"])])
+    return {"image_ids": ids, "proposals": proposals, "proposals_path": str(proposals_path),
+            "examples": examples,
+            "proposal_features": {i: prop[p_off[n]:p_off[n + 1]] for n, i in enumerate(ids)},
+            "gt_region_features": {i: gtf[g_off[n]:g_off[n + 1]] for n, i in enumerate(ids)}}
+
+
+# --------------------------------------------------------------------------- phrase features
+
+
+def _phrase_key(spec: RegionFeatureSpec, train_ids: Sequence[str]) -> dict:
+    return {"encoder": spec.text_encoder, "word_vectors": spec.word_vectors, "word_dim": spec.word_dim,
+            "fisher_components": spec.fisher_components, "pca_dim": spec.pca_dim, "seed": spec.seed,
+            "train": _digest({"ids": list(train_ids)})}
+
+
+def load_phrase_encoder(dataset_dir, cache_dir, spec: RegionFeatureSpec, train_examples=None):
+    """The phrase encoder fitted on the training phrases (cached as .npz).
+
+    Word vectors come from ``spec.word_vectors`` or are trained on the
+    training *captions* (more context than phrases alone).
+    """
+    from tf_twobranch.data.phrases import build_phrase_examples
+    from tf_twobranch.data.tokenize import tokenize_caption
+    from tf_twobranch.features.text_features import (build_text_encoder, encoder_needs_word_vectors,
+                                                     load_text_encoder)
+    spec.validate()
+    dataset_dir, cache_dir = pathlib.Path(dataset_dir), pathlib.Path(cache_dir)
+    train_ids = split_image_ids(dataset_dir, "train", (spec.max_images or {}).get("train"))
+    directory = cache_dir / f"phrases_{spec.text_encoder}_{_digest(_phrase_key(spec, train_ids))}"
+    path = directory / "phrase_encoder.npz"
+    if path.exists():
+        return load_text_encoder(path)
+    if train_examples is None:
+        train_examples = build_phrase_examples(dataset_dir, train_ids)
+    phrase_tokens = [tokenize_caption(e.phrase) for e in train_examples]
+    phrase_tokens = [t for t in phrase_tokens if t]
+    kwargs = {}
+    if encoder_needs_word_vectors(spec.text_encoder):
+        from tf_twobranch.features.word_vectors import load_word_vectors, train_word_vectors
+        if spec.word_vectors:
+            wv = load_word_vectors(spec.word_vectors, vocabulary={w for t in phrase_tokens for w in t})
+        else:
+            from tf_twobranch.data.retrieval_data import load_caption_splits
+            train = load_caption_splits(dataset_dir)["train"]
+            keep = set(train_ids)
+            caption_tokens = [tokenize_caption(c) for c, i in zip(train.captions, train.caption_image)
+                              if train.image_ids[i] in keep]
+            num_words = len({w for t in caption_tokens for w in t})
+            wv = train_word_vectors(caption_tokens, dim=min(spec.word_dim, max(2, num_words - 1)),
+                                    seed=spec.seed)
+        kwargs["word_vectors"] = wv
+    if spec.text_encoder.startswith("fisher"):
+        kwargs.update(num_components=spec.fisher_components, seed=spec.seed)
+        fv_dim = 2 * spec.fisher_components * kwargs["word_vectors"].dim
+        kwargs["pca_dim"] = spec.pca_dim if fv_dim > spec.pca_dim else None
+    encoder = build_text_encoder(spec.text_encoder, **kwargs)
+    encoder.fit(phrase_tokens)
+    directory.mkdir(parents=True, exist_ok=True)
+    encoder.save(path)
+    return encoder
+
+
+def encode_phrases(encoder, phrases: Sequence[str]) -> np.ndarray:
+    """float32 features of phrase strings (a phrase without words gets a zero row)."""
+    from tf_twobranch.data.tokenize import tokenize_caption
+    tokens = [tokenize_caption(p) for p in phrases]
+    out = np.zeros((len(tokens), encoder.output_dim), np.float32)
+    nonempty = [i for i, t in enumerate(tokens) if t]
+    if nonempty:
+        out[nonempty] = encoder.transform([tokens[i] for i in nonempty]).astype(np.float32)
+    return out
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+def prepare_phrase_localization(dataset_dir, cache_dir, spec: RegionFeatureSpec,
+                                splits: Sequence[str] = ("train", "test"), *, images_dir=None) -> dict:
+    """``{split: PhraseLocalizationData}`` with cached region and phrase features."""
+    from tf_twobranch.data.phrases import build_phrase_examples
+    from tf_twobranch.sampling.phrase_localization import build_phrase_localization_data, unique_phrase_index
+    spec.validate()
+    dataset_dir = pathlib.Path(dataset_dir)
+    if not dataset_dir.is_dir():
+        raise DataFormatError(dataset_dir, "dataset directory does not exist")
+    for sub in ("Sentences", "Annotations"):
+        if not (dataset_dir / sub).is_dir():
+            raise DataFormatError(dataset_dir / sub, "Flickr30K Entities folder missing (phrase "
+                                  "localization needs Sentences/ and Annotations/)")
+    examples = {s: build_phrase_examples(dataset_dir, split_image_ids(dataset_dir, s,
+                                                                      (spec.max_images or {}).get(s)))
+                for s in set(splits) | {"train"}}
+    for s in splits:
+        if not examples[s]:
+            raise DataFormatError(dataset_dir / f"{s}.txt", f"the {s} split has no phrase with a box")
+    encoder = load_phrase_encoder(dataset_dir, cache_dir, spec, train_examples=examples["train"])
+    out = {}
+    for s in splits:
+        regions = split_region_features(dataset_dir, s, cache_dir, spec, images_dir=images_dir,
+                                        examples=examples[s])
+        strings, index = unique_phrase_index(examples[s])
+        out[s] = build_phrase_localization_data(
+            examples[s], regions["proposals"], regions["proposal_features"], regions["gt_region_features"],
+            encode_phrases(encoder, strings), index)
+    return out
