@@ -71,3 +71,35 @@ def test_command_line_error_has_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "missing" in proc.stderr and "does not exist" in proc.stderr
+
+
+def test_precomputed_features_must_match_the_captions(tiny_dataset, tmp_path):
+    import numpy as np
+    from tf_twobranch.errors import DataFormatError
+    np.save(tmp_path / "im_train.npy", np.ones((60, 4), np.float32))
+    np.save(tmp_path / "im_test.npy", np.ones((39, 4), np.float32))  # 40 test images
+    np.save(tmp_path / "tx_train.npy", np.ones((300, 3), np.float32))
+    np.save(tmp_path / "tx_test.npy", np.ones((200, 3), np.float32))
+    with pytest.raises(DataFormatError, match=r"im_test\.npy.*40"):
+        _run("table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
+             f"--image_features_train={tmp_path / 'im_train.npy'}",
+             f"--image_features_test={tmp_path / 'im_test.npy'}",
+             f"--text_features_train={tmp_path / 'tx_train.npy'}",
+             f"--text_features_test={tmp_path / 'tx_test.npy'}")
+    with pytest.raises(common.UserInputError, match="all four"):
+        _run("table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
+             f"--image_features_train={tmp_path / 'im_train.npy'}")
+
+
+def test_nan_features_are_reported(tiny_dataset, tmp_path):
+    import numpy as np
+    from tf_twobranch.errors import DataFormatError
+    bad = np.ones((60, 4), np.float32)
+    bad[7, 2] = np.nan
+    np.save(tmp_path / "im_train.npy", bad)
+    for name, rows in (("im_test", 40), ("tx_train", 300), ("tx_test", 200)):
+        np.save(tmp_path / f"{name}.npy", np.ones((rows, 4), np.float32))
+    with pytest.raises(DataFormatError, match=r"im_train\.npy.*(NaN|nan)"):
+        _run("table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
+             *[f"--{k}_features_{s}={tmp_path / (('im_' if k == 'image' else 'tx_') + s)}.npy"
+               for k in ("image", "text") for s in ("train", "test")])
