@@ -1,0 +1,97 @@
+"""End-to-end: the phrase-localization experiment (Table 1) and the combined model (Table 5)."""
+import json
+
+import pytest
+
+from experiments import combined_retrieval as cr
+from experiments import common
+from experiments import phrase_localization as pl
+from tf_twobranch.data.embedded import generate_embedded_dataset
+
+TINY = ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=1", "--constraint_epochs=1",
+        "--top_k=3", "--scene_cnn_epochs=1", "--word_dim=8", "--verbose=0", "--cca_components=8",
+        "--negatives_per_phrase=5"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    return generate_embedded_dataset(tmp_path_factory.mktemp("data") / "scenes", num_images=80,
+                                     splits=(40, 10, 30), num_proposals=30)
+
+
+def _run(cfg, dataset, run_dir, *extra):
+    fv = common.parse_flagfile(pl.define_flags, str(common.resolve_config(cfg)),
+                               [f"--dataset_dir={dataset}", *TINY, f"--run_dir={run_dir}", *extra])
+    return pl.run(fv)
+
+
+def test_every_table1_flagfile_parses():
+    configs = sorted(common.CONFIG_DIR.glob("table1_*.cfg"))
+    assert len(configs) >= 12
+    for cfg in configs:
+        fv = common.parse_flagfile(pl.define_flags, str(cfg))
+        assert fv.row_name and 1 <= len(common.paper_numbers(fv.paper_results)) <= 3
+    assert common.paper_numbers(common.parse_flagfile(
+        pl.define_flags, str(common.resolve_config("table1_c5_similarity_1fc_head"))).paper_results) == [36.61]
+
+
+def test_table5_flagfile_parses():
+    fv = common.parse_flagfile(cr.define_flags, str(common.resolve_config("table5_weighted_distance")))
+    assert fv.alpha == 0.3 and len(common.paper_numbers(fv.paper_results)) == 12
+
+
+def test_constraints_without_sampling_is_a_clear_error(tiny_dataset, tmp_path):
+    with pytest.raises(common.UserInputError, match="neighbourhood_sampling"):
+        _run("table1_b4_nonlinear_augm_pos_bidir", tiny_dataset, tmp_path / "run",
+             "--neighbourhood_constraints")
+
+
+def _check_metrics(m):
+    for key in ("r1", "r5", "r10", "upper_bound"):
+        assert 0.0 <= m[key] <= 100.0
+    assert m["r1"] <= m["r5"] <= m["r10"] <= m["upper_bound"]
+    assert m["per_type"] and all("r1" in v for v in m["per_type"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", ["table1_b6_nonlinear_augm_pos_bidir_nbr_constraints",
+                                 "table1_c4_similarity_nonlinear_augm_pos"])
+def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
+    record = _run(cfg, tiny_dataset, tmp_path / "run")
+    _check_metrics(record["metrics"])
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["metrics"]["r1"] == record["metrics"]["r1"]
+    assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
+    if "b6" in cfg:  # the second stage switched the constraint terms on
+        assert [s["name"] for s in record["stages"]] == ["main", "neighbourhood_constraints"]
+        config = json.loads((tmp_path / "run" / "run_config.json").read_text())["model"]
+        assert config["image_neighbour_weight"] == 0.1
+    table = pl.format_localization_table("t", [pl._table_row(record)])
+    assert "R@1" in table and "paper R@1" in table
+
+
+def test_cca_row_runs(tiny_dataset, tmp_path):
+    record = _run("table1_a_cca", tiny_dataset, tmp_path / "run")
+    _check_metrics(record["metrics"])
+
+
+@pytest.mark.slow
+def test_combined_model_end_to_end(tiny_dataset, tmp_path):
+    from experiments import image_sentence_retrieval as isr
+    is_fv = common.parse_flagfile(isr.define_flags, str(common.resolve_config(cr.DEFAULT_IMAGE_SENTENCE_CFG)),
+                                  [f"--dataset_dir={tiny_dataset}", "--hidden_dim=32", "--embed_dim=16",
+                                   "--batch_size=20", "--epochs=1", "--top_k=3", "--scene_cnn_epochs=1",
+                                   "--word_dim=8", "--verbose=0", "--export=false",
+                                   f"--run_dir={tmp_path / 'is'}"])
+    isr.run(is_fv)
+    _run(cr.DEFAULT_REGION_PHRASE_CFG, tiny_dataset, tmp_path / "rp", "--export=false")
+    fv = common.parse_flagfile(cr.define_flags, str(common.resolve_config("table5_weighted_distance")),
+                               [f"--image_sentence_run={tmp_path / 'is'}", f"--region_phrase_run={tmp_path / 'rp'}",
+                                f"--run_dir={tmp_path / 'combined'}", "--chunk_size=40"])
+    record = cr.run(fv)
+    for name in ("image_sentence", "weighted_distance"):
+        for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"):
+            assert 0.0 <= record[name][key] <= 100.0
+    assert record["num_test_captions"] == 5 * record["num_test_images"]
+    assert record["num_unique_phrases"] > 0
+    assert "Weighted distance" in cr.format_table(record)
