@@ -213,3 +213,4 @@ def test_cli_user_error_is_one_line(tmp_path):
     assert result.returncode == 2
     assert "error:" in result.stderr and "nowhere" in result.stderr and "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+

@@ -10,8 +10,9 @@ captions (target = fraction of the image's captions containing the word).
 The image feature is the batch-normalised pre-activation of the penultimate
 layer (`feature_dim`-d, no ReLU: no dead units, suited to linear models).
 
-Architecture: four conv–BN–ReLU blocks (stride-2 3×3 conv followed by a 3×3
-conv), then global max pooling concatenated with a coarse
+Architecture: four conv–BN–ReLU blocks (a stride-2 3×3 conv, optionally
+followed by 3×3 convs), after an extra input channel (colour distance from the
+image's mean colour, see `ForegroundContrast`), then global max pooling concatenated with a coarse
 `spatial_grid`×`spatial_grid` max pooling (so that layout words such as
 "left"/"above" stay predictable; max rather than average pooling because the
 digits cover a small part of the image), then FC `feature_dim` + BN (the
@@ -56,6 +57,24 @@ one's s 's , . ; : ! ? " ' - ( )
 FEATURE_LAYER_NAME = "scene_features"
 
 
+@keras.saving.register_keras_serializable(package="tf_twobranch")
+class ForegroundContrast(keras.layers.Layer):
+    """Appends each pixel's colour distance from the image's mean colour.
+
+    The mean colour of a scene is essentially its background, so this channel
+    outlines the objects whatever their hue; the digit *shapes* can then be
+    learned once instead of once per (digit colour, background tint) pair.
+    """
+
+    def call(self, inputs):
+        mean = keras.ops.mean(inputs, axis=(1, 2), keepdims=True)
+        distance = keras.ops.sqrt(keras.ops.sum(keras.ops.square(inputs - mean), axis=-1, keepdims=True) + 1e-6)
+        return keras.ops.concatenate([inputs, distance - 0.5], axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], input_shape[-1] + 1)
+
+
 def build_caption_word_vocabulary(token_lists_per_image: Sequence[Sequence[Sequence[str]]],
                                   *, vocab_size: int = 300, min_images: int = 2) -> list[str]:
     """The `vocab_size` content words occurring in the most images.
@@ -90,7 +109,8 @@ def caption_word_targets(token_lists_per_image: Sequence[Sequence[Sequence[str]]
 
 def build_scene_cnn(input_size: int, num_words: int, *, feature_dim: int = 1024,
                     widths: Sequence[int] = (16, 32, 64, 128), convs_per_block: Sequence[int] = (1, 1, 2, 2),
-                    spatial_grid: int = 3, pooling: str = "max") -> tuple[keras.Model, keras.Model]:
+                    spatial_grid: int = 3, pooling: str = "max",
+                    foreground_channel: bool = True) -> tuple[keras.Model, keras.Model]:
     """Builds (classifier, feature_extractor) sharing their layers.
 
     The models take (batch, input_size, input_size, 3) RGB in 0..255.  The
@@ -104,6 +124,8 @@ def build_scene_cnn(input_size: int, num_words: int, *, feature_dim: int = 1024,
         raise ConfigError(f"scene_cnn pooling must be 'max' or 'avg', got {pooling!r}")
     images = keras.Input((input_size, input_size, 3), name="images")
     x = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="rescale")(images)
+    if foreground_channel:
+        x = ForegroundContrast(name="foreground_contrast")(x)
     if len(convs_per_block) != len(widths) or min(convs_per_block) < 1:
         raise ConfigError(f"convs_per_block {tuple(convs_per_block)} must give >= 1 conv for each of {len(widths)} blocks")
     for block, (width, num_convs) in enumerate(zip(widths, convs_per_block), start=1):
@@ -160,10 +182,11 @@ def _augmented_dataset(images: np.ndarray, targets: np.ndarray, batch_size: int,
 
 
 def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence[Sequence[str]]], *,
-                    feature_dim: int = 1024, epochs: int = 10, batch_size: int = 64,
-                    learning_rate: float = 2e-3, vocab_size: int = 300,
-                    widths: Sequence[int] = (16, 32, 64, 128), convs_per_block: Sequence[int] = (1, 1, 2, 2),
-                    spatial_grid: int = 3, pooling: str = "max", augment_max_scale: float = 1.15,
+                    feature_dim: int = 1024, epochs: int = 12, batch_size: int = 32,
+                    learning_rate: float = 5e-3, vocab_size: int = 300,
+                    widths: Sequence[int] = (32, 64, 128, 128), convs_per_block: Sequence[int] = (1, 1, 1, 1),
+                    spatial_grid: int = 3, pooling: str = "max", foreground_channel: bool = True,
+                    augment_max_scale: float = 1.15,
                     seed: int = 0) -> keras.Model:
     """Trains the scene CNN on caption words and returns its feature extractor.
 
@@ -201,7 +224,8 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
     keras.utils.set_random_seed(seed)
     classifier, extractor = build_scene_cnn(images.shape[1], len(vocabulary), feature_dim=feature_dim,
                                             widths=widths, convs_per_block=convs_per_block,
-                                            spatial_grid=spatial_grid, pooling=pooling)
+                                            spatial_grid=spatial_grid, pooling=pooling,
+                                            foreground_channel=foreground_channel)
     steps = epochs * int(np.ceil(len(images) / batch_size))
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps, alpha=0.05)
     classifier.compile(optimizer=keras.optimizers.Adam(schedule),
