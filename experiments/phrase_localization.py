@@ -389,10 +389,12 @@ def run_rows(configs, overrides=(), export_row: str = "b5", out_json=None) -> li
     for cfg in configs:
         cfg = common.resolve_config(str(cfg))
         export = bool(export_row) and export_row in cfg.stem
+        # A --run_dir given for all rows is their parent folder.
+        parent = next((o.split("=", 1)[1] for o in overrides if o.startswith("--run_dir=")), None)
+        row_overrides = [o for o in overrides if not o.startswith("--run_dir=")]
+        run_dir = pathlib.Path(parent) / cfg.stem if parent else common.REPO_ROOT / "runs" / cfg.stem
         fv = common.parse_flagfile(define_flags, str(cfg),
-                                   [*overrides, f"--export={str(export).lower()}",
-                                    *([] if any(o.startswith("--run_dir") for o in overrides)
-                                      else [f"--run_dir={common.REPO_ROOT / 'runs' / cfg.stem}"])])
+                                   [*row_overrides, f"--export={str(export).lower()}", f"--run_dir={run_dir}"])
         print(f"\n=== {cfg.name}: {fv.row_name}", flush=True)
         record = run(fv)
         records.append(record)
