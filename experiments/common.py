@@ -43,6 +43,23 @@ def resolve_config(name: str) -> pathlib.Path:
     raise UserInputError(f"flagfile {name!r} not found (looked in {CONFIG_DIR})")
 
 
+def apply_embedded_profile(f, profile: dict) -> dict:
+    """Sets a profile's values on flags the user did not set, when no --dataset_dir is given.
+
+    The embedded digit scenes are much smaller than the papers' datasets;
+    each experiment declares the defaults that suit them. Returns what was
+    applied (the experiments log it).
+    """
+    applied = {}
+    if f.dataset_dir:
+        return applied
+    for name, value in profile.items():
+        if not f[name].present:
+            f[name].value = value
+            applied[name] = value
+    return applied
+
+
 def slug(text: str) -> str:
     """A file-system friendly name for a table row."""
     import re

@@ -30,10 +30,7 @@ EMBEDDED_PROFILE = {"word_dim": 50, "learning_rate_scale": 10.0, "epochs": 10}
 
 
 def apply_embedded_profile(f) -> dict:
-    """Sets EMBEDDED_PROFILE values on flags the user did not set; returns them."""
-    applied = {}
-    if f.dataset_dir:
-        return applied
+    return common.apply_embedded_profile(f, EMBEDDED_PROFILE)
     for name, value in EMBEDDED_PROFILE.items():
         if not f[name].present:
             f[name].value = value
