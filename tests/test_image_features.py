@@ -162,6 +162,66 @@ def test_scene_cnn_errors(tmp_path):
         scene_cnn.train_scene_cnn(np.zeros((2, 32, 32, 3), np.uint8), [[["a"]]])
 
 
+def test_region_crops_keep_the_object():
+    picture = np.zeros((40, 40, 3), np.uint8)
+    picture[10:20, 24:30] = (200, 10, 10)  # box [24, 10, 29, 19], inclusive
+    crop = scene_cnn.square_region_crop(picture, [24, 10, 29, 19], 16, margin=0.0)
+    assert crop.shape == (16, 16, 3) and crop.dtype == np.uint8
+    # A square around the 6x10 box: the object fills the middle columns, not the sides.
+    assert crop[8, 8, 0] > 150 and crop[8, 0, 0] < 50
+    # Near the border the square shifts inside the image instead of padding.
+    corner = scene_cnn.square_region_crop(picture, [0, 0, 3, 3], 8)
+    assert corner.shape == (8, 8, 3)
+    masked = scene_cnn.masked_region_image(picture + 30, [24, 10, 29, 19], 40, margin=0.0)
+    assert masked[15, 26, 0] == 230 and np.all(masked[0, 0] == 30)
+    with pytest.raises(ConfigError, match="x2 >= x1"):
+        scene_cnn.square_region_crop(picture, [5, 5, 1, 9], 8)
+
+
+def write_entities(root, image_ids):
+    (root / "Sentences").mkdir(parents=True)
+    (root / "Annotations").mkdir()
+    for image_id in image_ids:
+        (root / "Sentences" / f"{image_id}.txt").write_text(
+            "[/EN#1/other A red square] is near [/EN#2/other a blue bar] .\n"
+            "[/EN#1/other The square] is on [/EN#3/scene a dark background] .\n")
+        (root / "Annotations" / f"{image_id}.xml").write_text(
+            "<annotation><filename>{0}.jpg</filename><size><width>32</width><height>32</height>"
+            "<depth>3</depth></size>"
+            "<object><name>1</name><bndbox><xmin>3</xmin><ymin>4</ymin><xmax>12</xmax><ymax>13</ymax></bndbox></object>"
+            "<object><name>2</name><bndbox><xmin>20</xmin><ymin>2</ymin><xmax>24</xmax><ymax>30</ymax></bndbox></object>"
+            "<object><name>3</name><scene>1</scene><nobndbox>0</nobndbox></object>"
+            "</annotation>".format(image_id))
+
+
+def test_entity_region_crops_and_region_supervision(tmp_path):
+    pictures, captions, _ = colour_squares(40, seed=2)
+    ids = [str(1000 + i) for i in range(40)]
+    assert scene_cnn.entity_region_crops(tmp_path, ids, pictures) is None  # no Annotations folder
+    write_entities(tmp_path, ids)
+    crops, token_lists = scene_cnn.entity_region_crops(tmp_path, ids[:3], pictures[:3])
+    # One crop per distinct box; both phrases of chain 1 describe the first box; no crop for the scene.
+    assert crops.shape == (6, 32, 32, 3) and crops.dtype == np.uint8
+    assert sorted(map(tuple, token_lists[0])) == [("a", "red", "square"), ("the", "square")]
+    assert token_lists[1] == [["a", "blue", "bar"]]
+    with pytest.raises(ConfigError, match="one \\(S, S, 3\\) image per id"):
+        scene_cnn.entity_region_crops(tmp_path, ids[:3], pictures[:2])
+
+    crops, token_lists = scene_cnn.entity_region_crops(tmp_path, ids, pictures)
+    extractor = scene_cnn.train_scene_cnn(pictures, captions, feature_dim=16, epochs=1, batch_size=32,
+                                          widths=(8, 8, 8, 8), vocab_size=20, region_crops=crops,
+                                          region_token_lists=token_lists, binary_targets=True, seed=0)
+    # Phrase-only words join the vocabulary.
+    assert {"bar", "red"} <= set(extractor.vocabulary) and extractor.output_shape == (None, 16)
+    with pytest.raises(ConfigError, match="both region_crops and region_token_lists"):
+        scene_cnn.train_scene_cnn(pictures, captions, region_crops=crops)
+    with pytest.raises(ConfigError, match="region_crops must be uint8"):
+        scene_cnn.train_scene_cnn(pictures, captions, region_crops=crops[:, :16, :16],
+                                  region_token_lists=token_lists)
+    with pytest.raises(ConfigError, match="phrases for 3"):
+        scene_cnn.train_scene_cnn(pictures, captions, region_crops=crops, region_token_lists=token_lists[:3])
+
+
 def run_cli(argv):
     from absl import flags
 

@@ -95,11 +95,24 @@ def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
     from tf_twobranch.features.image_features import extract_image_features
     paths = {s: [_image_path(images_dir, i) for i in c.image_ids] for s, c in splits.items()}
     if spec.image_backbone == "scene_cnn":
-        from tf_twobranch.features.scene_cnn import train_scene_cnn
+        from tf_twobranch.features.scene_cnn import entity_region_crops, train_scene_cnn
         train = splits["train"]
         images = np.stack([load_image(p) for p in paths["train"]])
         tokens = [[tokenize_caption(c) for c in caps] for caps in train.captions_by_image()]
-        backbone = train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed)
+        regions = entity_region_crops(images_dir.parent, train.image_ids, images)
+        if regions is None:
+            backbone = train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed)
+        else:
+            # Region supervision (the analogue of the paper's backbone being
+            # fine-tuned on detection boxes): crops of the training boxes,
+            # filled by their object, make object shapes learnable.  Epochs
+            # are scaled so the number of training samples stays that of
+            # `scene_cnn_epochs` passes over the images alone.
+            crops, phrase_tokens = regions
+            epochs = max(1, round(spec.scene_cnn_epochs * len(images) / (len(images) + len(crops))))
+            backbone = train_scene_cnn(images, tokens, epochs=epochs, seed=spec.seed,
+                                       region_crops=crops, region_token_lists=phrase_tokens,
+                                       binary_targets=True)
         size = images.shape[1]
         # Ten crops of 7/8 of the image, as 224 of 256 in the paper.
         kwargs = dict(crop_size=size * 7 // 8, resize_to=size) if spec.ten_crop else {}

@@ -38,6 +38,9 @@ __all__ = [
     "build_caption_word_vocabulary",
     "caption_word_targets",
     "build_scene_cnn",
+    "entity_region_crops",
+    "masked_region_image",
+    "square_region_crop",
     "train_scene_cnn",
     "save_scene_cnn",
     "load_scene_cnn",
@@ -105,6 +108,100 @@ def caption_word_targets(token_lists_per_image: Sequence[Sequence[Sequence[str]]
                 targets[row, col] += 1.0
         targets[row] /= len(captions)
     return targets
+
+
+def square_region_crop(image: np.ndarray, box: Sequence[float], size: int, *,
+                       margin: float = 0.15) -> np.ndarray:
+    """A square crop around `box`, resized to `size`×`size` (uint8 RGB).
+
+    `box` is ``[x1, y1, x2, y2]`` with inclusive 0-based pixel coordinates.
+    The square's side is the box's longer side plus `margin` of it, so the
+    object keeps its aspect ratio (digit shapes are not stretched); the
+    square is shifted to stay inside the image and shrunk only when the image
+    is smaller than it.
+    """
+    from PIL import Image
+
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ConfigError(f"square_region_crop expects an (H, W, 3) image, got {image.shape}")
+    height, width = image.shape[:2]
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not (x2 >= x1 and y2 >= y1):
+        raise ConfigError(f"square_region_crop: box {list(box)} is not [x1, y1, x2, y2] with x2 >= x1, y2 >= y1")
+    side = int(round(max(x2 - x1 + 1, y2 - y1 + 1) * (1.0 + margin)))
+    side = max(2, min(side, height, width))
+    centre_x, centre_y = (x1 + x2 + 1) / 2, (y1 + y2 + 1) / 2
+    left = int(np.clip(round(centre_x - side / 2), 0, width - side))
+    top = int(np.clip(round(centre_y - side / 2), 0, height - side))
+    crop = np.ascontiguousarray(image[top:top + side, left:left + side].astype(np.uint8))
+    return np.asarray(Image.fromarray(crop).resize((size, size), Image.BILINEAR), dtype=np.uint8)
+
+
+def masked_region_image(image: np.ndarray, box: Sequence[float], size: int, *,
+                        margin: float = 0.1) -> np.ndarray:
+    """The image with everything outside `box` replaced by its median colour.
+
+    Unlike `square_region_crop` the object keeps its position and scale in
+    the image, so what a network learns from it transfers to whole images
+    (where objects are small).  `box` is ``[x1, y1, x2, y2]``, inclusive
+    0-based pixels, enlarged by `margin` of its size on each side.  The
+    result is resized to `size`×`size` (uint8 RGB).
+    """
+    from PIL import Image
+
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ConfigError(f"masked_region_image expects an (H, W, 3) image, got {image.shape}")
+    height, width = image.shape[:2]
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not (x2 >= x1 and y2 >= y1):
+        raise ConfigError(f"masked_region_image: box {list(box)} is not [x1, y1, x2, y2] with x2 >= x1, y2 >= y1")
+    pad_x, pad_y = margin * (x2 - x1 + 1), margin * (y2 - y1 + 1)
+    left, right = int(max(0, np.floor(x1 - pad_x))), int(min(width, np.ceil(x2 + 1 + pad_x)))
+    top, bottom = int(max(0, np.floor(y1 - pad_y))), int(min(height, np.ceil(y2 + 1 + pad_y)))
+    out = np.empty_like(image, dtype=np.uint8)
+    out[...] = np.median(image.reshape(-1, 3), axis=0).astype(np.uint8)
+    out[top:bottom, left:right] = image[top:bottom, left:right]
+    if (height, width) != (size, size):
+        out = np.asarray(Image.fromarray(out).resize((size, size), Image.BILINEAR), dtype=np.uint8)
+    return out
+
+
+def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[str],
+                        images: np.ndarray) -> tuple[np.ndarray, list[list[list[str]]]] | None:
+    """Crops of the entity boxes of `images` and the tokens of their phrases.
+
+    Reads the Flickr30K-Entities files (``<entities_root>/Annotations`` and
+    ``Sentences``) of `image_ids` (pass the *training* images only), and
+    returns ``(crops, token_lists)`` for `train_scene_cnn`'s region
+    supervision: one `square_region_crop` per distinct box, at the images'
+    size, with the tokenised phrases of all the sentences referring to it.
+    Returns None when ``<entities_root>/Annotations`` does not exist or no
+    phrase has a box.
+    """
+    from tf_twobranch.data.phrases import build_phrase_examples
+    from tf_twobranch.data.tokenize import tokenize_caption
+
+    entities_root = pathlib.Path(entities_root)
+    if not (entities_root / "Annotations").is_dir():
+        return None
+    images = np.asarray(images)
+    if images.ndim != 4 or len(images) != len(image_ids):
+        raise ConfigError(f"entity_region_crops needs one (S, S, 3) image per id: got {len(image_ids)} ids "
+                          f"and images of shape {images.shape}")
+    row = {image_id: i for i, image_id in enumerate(image_ids)}
+    phrases_by_box: dict[tuple, list[list[str]]] = {}
+    for example in build_phrase_examples(entities_root, list(image_ids)):
+        key = (example.image_id, tuple(float(v) for v in example.gt_box))
+        phrases_by_box.setdefault(key, []).append(tokenize_caption(example.phrase))
+    if not phrases_by_box:
+        return None
+    size = images.shape[1]
+    crops = np.stack([square_region_crop(images[row[image_id]], box, size) for image_id, box in phrases_by_box])
+    logging.info("scene_cnn region supervision: %d box crops of %d images from %s",
+                 len(crops), len(image_ids), entities_root)
+    return crops, list(phrases_by_box.values())
 
 
 def build_scene_cnn(input_size: int, num_words: int, *, feature_dim: int = 1024,
@@ -187,6 +284,9 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
                     widths: Sequence[int] = (32, 64, 128, 128), convs_per_block: Sequence[int] = (1, 1, 1, 1),
                     spatial_grid: int = 3, pooling: str = "max", foreground_channel: bool = True,
                     augment_max_scale: float = 1.15,
+                    region_crops: np.ndarray | None = None,
+                    region_token_lists: Sequence[Sequence[Sequence[str]]] | None = None,
+                    binary_targets: bool = False,
                     seed: int = 0) -> keras.Model:
     """Trains the scene CNN on caption words and returns its feature extractor.
 
@@ -201,6 +301,16 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
         conv blocks (each block starts with a stride-2 convolution).
       spatial_grid: side of the coarse layout pooling (1 = global pooling only).
       augment_max_scale: random zoom-in range used as augmentation (1 = none).
+      region_crops: optional uint8 (R, S, S, 3) crops of annotated object
+        boxes of the training images (see `square_region_crop`), trained on
+        together with the whole images -- the analogue of a backbone
+        fine-tuned on detection boxes.  Objects fill a crop, so their shapes
+        (digit identities) become learnable, not only their colours.
+      region_token_lists: for each crop, the token lists of the phrases
+        describing its box (e.g. ``[["small", "red", "seven"]]``); required
+        with `region_crops`.
+      binary_targets: target 1 when a word occurs in any caption/phrase of
+        the image/crop, instead of the fraction of captions containing it.
       seed: seeds Keras/TF/NumPy global generators (`keras.utils.set_random_seed`).
 
     Returns:
@@ -216,10 +326,26 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
         raise ConfigError(f"got {len(images)} images but captions for {len(token_lists_per_image)}")
     if epochs < 1 or batch_size < 1:
         raise ConfigError(f"epochs and batch_size must be positive, got {epochs}, {batch_size}")
-    vocabulary = build_caption_word_vocabulary(token_lists_per_image, vocab_size=vocab_size)
+    if (region_crops is None) != (region_token_lists is None):
+        raise ConfigError("train_scene_cnn needs both region_crops and region_token_lists, or neither")
+    if region_crops is not None:
+        region_crops = np.asarray(region_crops)
+        if region_crops.dtype != np.uint8 or region_crops.ndim != 4 or region_crops.shape[1:] != images.shape[1:]:
+            raise ConfigError(f"region_crops must be uint8 of shape (R, {images.shape[1]}, {images.shape[2]}, 3) "
+                              f"like the images, got {region_crops.dtype} {region_crops.shape}")
+        if len(region_token_lists) != len(region_crops):
+            raise ConfigError(f"got {len(region_crops)} region crops but phrases for {len(region_token_lists)}")
+        all_token_lists = list(token_lists_per_image) + list(region_token_lists)
+    else:
+        all_token_lists = list(token_lists_per_image)
+    vocabulary = build_caption_word_vocabulary(all_token_lists, vocab_size=vocab_size)
     if not vocabulary:
         raise ConfigError("no caption word occurs in two or more training images; cannot train scene_cnn")
-    targets = caption_word_targets(token_lists_per_image, vocabulary)
+    targets = caption_word_targets(all_token_lists, vocabulary)
+    if binary_targets:
+        targets = (targets > 0).astype(np.float32)
+    if region_crops is not None and len(region_crops):
+        images = np.concatenate([images, region_crops])
 
     keras.utils.set_random_seed(seed)
     classifier, extractor = build_scene_cnn(images.shape[1], len(vocabulary), feature_dim=feature_dim,
@@ -237,8 +363,9 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
         import tensorflow as tf
         data = (tf.data.Dataset.from_tensor_slices((images.astype(np.float32), targets))
                 .shuffle(len(images), seed=seed).batch(batch_size))
-    logging.info("Training scene_cnn on %d images of %dx%d, %d caption words, %d epochs",
-                 len(images), images.shape[1], images.shape[2], len(vocabulary), epochs)
+    logging.info("Training scene_cnn on %d images of %dx%d (%d region crops), %d caption words, %d epochs",
+                 len(images), images.shape[1], images.shape[2],
+                 0 if region_crops is None else len(region_crops), len(vocabulary), epochs)
     start = time.time()
     history = classifier.fit(data, epochs=epochs, verbose=0, shuffle=False)  # shuffled by tf.data
     logging.info("scene_cnn trained in %.1f s, final loss %.4f", time.time() - start,
