@@ -21,6 +21,7 @@ setup(
         "keras>=3.6,<4",
         "numpy>=1.26,<3",
         "scikit-learn>=1.5,<2",
+        "threadpoolctl>=3.1,<4",
         "scipy>=1.11,<2",
         "absl-py>=2.1,<3",
         "h5py>=3.10,<4",

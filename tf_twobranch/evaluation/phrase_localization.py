@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+import threadpoolctl
 import tensorflow as tf
 
 from tf_twobranch.errors import UserInputError
@@ -151,14 +152,17 @@ def score_phrases_with_model(model, data, batch_size: int = 1024,
     scores = np.full((num_phrases, width), -np.inf, np.float32)
     head = getattr(model, "similarity_head", None)
     if head is None:
-        # One (phrases of the image) x (its proposals) matmul per image.
-        for image, members in enumerate(_group_by(data.phrase_image, len(data.image_ids))):
-            if len(members) == 0:
-                continue
-            first = data.image_region_offsets[image]
-            image_regions = region_embeds[region_slot[first:first + data.num_proposals[image]]]
-            block = phrase_embeds[data.phrase_feature_index[members]] @ image_regions.T
-            scores[members, :block.shape[1]] = block
+        # One (phrases of the image) x (its proposals) matmul per image. Each
+        # is tiny (~14x512x200): one BLAS thread is 10-20x faster than several
+        # contending ones (benchmarks/bench_phrase_localization.py).
+        with threadpoolctl.threadpool_limits(1, "blas"):
+            for image, members in enumerate(_group_by(data.phrase_image, len(data.image_ids))):
+                if len(members) == 0:
+                    continue
+                first = data.image_region_offsets[image]
+                image_regions = region_embeds[region_slot[first:first + data.num_proposals[image]]]
+                block = phrase_embeds[data.phrase_feature_index[members]] @ image_regions.T
+                scores[members, :block.shape[1]] = block
         return scores, valid
     head_fn = tf.function(lambda joint: head(joint, training=False), reduce_retracing=True)
     rows_per_chunk = max(1, pair_batch // max(1, width))
