@@ -172,6 +172,9 @@ def test_region_crops_keep_the_object():
     # Near the border the square shifts inside the image instead of padding.
     corner = scene_cnn.square_region_crop(picture, [0, 0, 3, 3], 8)
     assert corner.shape == (8, 8, 3)
+    # min_fraction bounds the zoom: 1.0 keeps the whole image.
+    np.testing.assert_array_equal(scene_cnn.square_region_crop(picture, [24, 10, 29, 19], 40, min_fraction=1.0),
+                                  picture)
     masked = scene_cnn.masked_region_image(picture + 30, [24, 10, 29, 19], 40, margin=0.0)
     assert masked[15, 26, 0] == 230 and np.all(masked[0, 0] == 30)
     with pytest.raises(ConfigError, match="x2 >= x1"):

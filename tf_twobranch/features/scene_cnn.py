@@ -111,14 +111,16 @@ def caption_word_targets(token_lists_per_image: Sequence[Sequence[Sequence[str]]
 
 
 def square_region_crop(image: np.ndarray, box: Sequence[float], size: int, *,
-                       margin: float = 0.15) -> np.ndarray:
+                       margin: float = 0.15, min_fraction: float = 0.0) -> np.ndarray:
     """A square crop around `box`, resized to `size`×`size` (uint8 RGB).
 
     `box` is ``[x1, y1, x2, y2]`` with inclusive 0-based pixel coordinates.
     The square's side is the box's longer side plus `margin` of it, so the
     object keeps its aspect ratio (digit shapes are not stretched); the
     square is shifted to stay inside the image and shrunk only when the image
-    is smaller than it.
+    is smaller than it.  The side is at least `min_fraction` of the image's
+    shorter side, which bounds the zoom factor (objects then keep a size
+    closer to the one they have in whole images).
     """
     from PIL import Image
 
@@ -130,7 +132,8 @@ def square_region_crop(image: np.ndarray, box: Sequence[float], size: int, *,
     if not (x2 >= x1 and y2 >= y1):
         raise ConfigError(f"square_region_crop: box {list(box)} is not [x1, y1, x2, y2] with x2 >= x1, y2 >= y1")
     side = int(round(max(x2 - x1 + 1, y2 - y1 + 1) * (1.0 + margin)))
-    side = max(2, min(side, height, width))
+    side = max(2, int(round(min_fraction * min(height, width))), min(side, height, width))
+    side = min(side, height, width)
     centre_x, centre_y = (x1 + x2 + 1) / 2, (y1 + y2 + 1) / 2
     left = int(np.clip(round(centre_x - side / 2), 0, width - side))
     top = int(np.clip(round(centre_y - side / 2), 0, height - side))
