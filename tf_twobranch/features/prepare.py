@@ -33,6 +33,7 @@ from tf_twobranch.data.formats import load_feature_matrix, save_feature_matrix
 from tf_twobranch.data.tokenize import build_vocabulary, tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
 
+SCENE_CNN_RECIPE = "2: region-supervised, binary targets"
 IMAGE_BACKBONES = ("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152")
 TEXT_ENCODERS = ("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm")
 
@@ -67,8 +68,11 @@ class FeatureSpec:
                 raise ConfigError(f"--{name}={path}: file not found")
 
     def image_key(self) -> dict:
-        return {k: getattr(self, k) for k in ("image_backbone", "backbone_weights", "ten_crop",
-                                              "scene_cnn_epochs", "seed")}
+        # The recipe version invalidates caches when the scene CNN's training
+        # changes (e.g. region supervision from the Entities boxes).
+        return {**{k: getattr(self, k) for k in ("image_backbone", "backbone_weights", "ten_crop",
+                                                 "scene_cnn_epochs", "seed")},
+                "recipe": SCENE_CNN_RECIPE if self.image_backbone == "scene_cnn" else None}
 
     def text_key(self) -> dict:
         return {k: getattr(self, k) for k in ("text_encoder", "word_vectors", "word_dim",
