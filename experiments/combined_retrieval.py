@@ -26,11 +26,10 @@ trained with the full-model flagfiles (table2_b6… and table1_b5…), with
 from __future__ import annotations
 
 import pathlib
-import sys
 import time
 
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 
 from experiments import common
 

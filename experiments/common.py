@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 from typing import Callable, Sequence
 
 from absl import flags
 
+from tf_twobranch.cli import exit_with_user_error  # noqa: F401 (re-exported)
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -108,9 +108,3 @@ def write_json(path, payload):
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=float), encoding="utf-8")
-
-
-def exit_with_user_error(err: Exception) -> None:
-    """Prints a user mistake as one clear line and exits with status 2."""
-    print(f"error: {err}", file=sys.stderr)
-    sys.exit(2)

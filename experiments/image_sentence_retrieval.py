@@ -11,11 +11,9 @@ either --images_dir and --backbone_weights (VGG-19) or precomputed
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 
-import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
@@ -31,11 +29,6 @@ EMBEDDED_PROFILE = {"word_dim": 50, "learning_rate_scale": 10.0, "epochs": 10}
 
 def apply_embedded_profile(f) -> dict:
     return common.apply_embedded_profile(f, EMBEDDED_PROFILE)
-    for name, value in EMBEDDED_PROFILE.items():
-        if not f[name].present:
-            f[name].value = value
-            applied[name] = value
-    return applied
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -181,7 +174,6 @@ def run_cca(f, splits, image, text) -> dict:
 
 def run(f) -> dict:
     """Runs one table row; returns the results record (also written as JSON)."""
-    from tf_twobranch.evaluation import retrieval
     from tf_twobranch.sampling import image_sentence as sampling
     from tf_twobranch.training import trainer
 

@@ -53,11 +53,6 @@ EMBEDDED_PROFILE = {"word_dim": 50, "negatives_per_phrase": 20, "max_train_image
 
 def apply_embedded_profile(f) -> dict:
     return common.apply_embedded_profile(f, EMBEDDED_PROFILE)
-    for name, value in EMBEDDED_PROFILE.items():
-        if not f[name].present:
-            f[name].value = value
-            applied[name] = value
-    return applied
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:

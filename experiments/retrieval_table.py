@@ -11,11 +11,10 @@ row is exported as a SavedModel.
 """
 from __future__ import annotations
 
-import pathlib
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from experiments import common
 from experiments import image_sentence_retrieval as isr

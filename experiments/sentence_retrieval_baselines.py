@@ -22,9 +22,9 @@ import json
 import logging
 import os
 import pathlib
-import sys
 import time
 
+from tf_twobranch.cli import absl_main
 from absl import app, flags
 
 from tf_twobranch.errors import ConfigError, UserInputError
@@ -158,15 +158,7 @@ def format_table(output: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv) -> None:
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run()
-    except UserInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+main = absl_main(run)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
 
+from tf_twobranch.cli import absl_main
 from absl import app, flags, logging
 
-from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.errors import ConfigError, DataFormatError
 
 FLAGS = flags.FLAGS
 
@@ -99,15 +99,7 @@ def run() -> None:
     logging.info("Wrote %s features %s to %s", FLAGS.backbone, features.shape, FLAGS.out)
 
 
-def main(argv) -> None:
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run()
-    except UserInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+main = absl_main(run)
 
 
 if __name__ == "__main__":

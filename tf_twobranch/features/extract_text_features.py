@@ -28,11 +28,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 
 from absl import app, flags
 
+from tf_twobranch.cli import absl_main
 from tf_twobranch.errors import ConfigError, UserInputError
 
 FLAGS = flags.FLAGS
@@ -192,16 +192,12 @@ def run() -> dict:
     return config
 
 
-def main(argv) -> None:
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(2)
+def _run_with_logging():
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        run()
-    except UserInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    return run()
+
+
+main = absl_main(_run_with_logging)
 
 
 if __name__ == "__main__":

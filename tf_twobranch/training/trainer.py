@@ -20,7 +20,6 @@ import tempfile
 
 import keras
 import tensorflow as tf
-from absl import logging
 
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.models.two_branch import TwoBranchConfig, TwoBranchModel, build_model
