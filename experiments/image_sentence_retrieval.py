@@ -217,9 +217,10 @@ def run(f) -> dict:
         dataset = sampling.attach_features(batches, image["train"], text["train"])
         run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
                       "flags": f.flag_values_dict(), "dataset_dir": str(dataset_dir)}
-        trainer.write_json_atomic(run_dir / "run_config.json", run_config)
+        trainer.prepare_run_dir(run_dir, run_config)
         history = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps)
-        record["final_loss"] = float(history.history["loss"][-1])
+        if history.history.get("loss"):
+            record["final_loss"] = float(history.history["loss"][-1])
         test_data = {"image": image["test"], "text": text["test"],
                      "caption_image": test.caption_image}
         record["metrics"] = model.evaluate(test_data, protocol=f.protocol)

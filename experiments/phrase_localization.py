@@ -22,9 +22,7 @@ bound and a per-type breakdown.
 """
 from __future__ import annotations
 
-import json
 import pathlib
-import shutil
 import sys
 import time
 
@@ -223,19 +221,6 @@ def _sampler(f, data, seed, hard_negatives=None):
                                 max_positives_per_phrase=f.max_positives_per_phrase or None, seed=seed)
 
 
-def _clear_stale_backup(run_dir: pathlib.Path, run_config: dict) -> None:
-    """A resumable backup from a run with other settings must not be restored."""
-    previous = run_dir / "run_config.json"
-    if previous.exists():
-        try:
-            same = json.loads(previous.read_text(encoding="utf-8")).get("flags") == \
-                json.loads(json.dumps(run_config["flags"], default=str))
-        except json.JSONDecodeError:
-            same = False
-        if not same:
-            shutil.rmtree(run_dir / "backup", ignore_errors=True)
-
-
 def _set_loss(model, **weights) -> None:
     import dataclasses
     model.config = dataclasses.replace(model.config, **weights)
@@ -259,8 +244,7 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
         model = build_model(config)
     run_config = {"model": config.to_dict(), "train": tcfg.__dict__, "flags": f.flag_values_dict(),
                   "task": "phrase_localization"}
-    _clear_stale_backup(run_dir, run_config)
-    trainer.write_json_atomic(run_dir / "run_config.json", run_config)
+    trainer.prepare_run_dir(run_dir, run_config)
     info = {"stages": []}
     sampler = _sampler(f, data, f.seed)
     steps = sampler.steps_per_epoch

@@ -120,3 +120,13 @@ def test_xla_optimizer_update_matches_plain_update():
     # noise into steps of up to lr, so compare at a fraction of the 3·lr range.
     for a, b in zip(*weights):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_run_dir_backup_of_another_configuration_is_discarded(tmp_path):
+    (tmp_path / "backup").mkdir()
+    trainer.write_json_atomic(tmp_path / "run_config.json", {"model": {"margin": 0.05}})
+    trainer.prepare_run_dir(tmp_path, {"model": {"margin": 0.05}})
+    assert (tmp_path / "backup").exists()          # same run: resume from it
+    trainer.prepare_run_dir(tmp_path, {"model": {"margin": 0.2}})
+    assert not (tmp_path / "backup").exists()      # other run: never restored
+    assert json.loads((tmp_path / "run_config.json").read_text())["model"]["margin"] == 0.2

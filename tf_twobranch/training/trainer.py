@@ -16,10 +16,12 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.models.two_branch import TwoBranchConfig, TwoBranchModel, build_model
@@ -98,6 +100,29 @@ def write_json_atomic(path, payload):
     os.replace(tmp, path)
 
 
+def prepare_run_dir(run_dir, run_config: dict) -> pathlib.Path:
+    """Writes run_config.json; a leftover backup of a *different* run is discarded.
+
+    A preempted run restarted with the same command resumes from its backup;
+    a backup left by a run with another configuration must not be restored
+    into this one.
+    """
+    run_dir = pathlib.Path(run_dir)
+    config_path = run_dir / "run_config.json"
+    backup = run_dir / "backup"
+    if backup.exists():
+        try:
+            previous = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            previous = None
+        if json.loads(json.dumps(run_config, default=str)) != previous:
+            logging.warning("%s: discarding the backup of an unfinished run with a different "
+                            "configuration", run_dir)
+            shutil.rmtree(backup)
+    write_json_atomic(config_path, run_config)
+    return run_dir
+
+
 class _AtomicEpochCheckpoint(keras.callbacks.Callback):
     """Writes weights each epoch to a temp file then renames it (never half-written)."""
 
@@ -127,7 +152,9 @@ def train(model: TwoBranchModel, dataset: tf.data.Dataset, cfg: TrainConfig, run
     if getattr(model, "optimizer", None) is None or not model.compiled:
         model.compile(optimizer=make_optimizer(cfg, steps_per_epoch))
     callbacks = [
-        keras.callbacks.BackupAndRestore(str(run_dir / "backup"), delete_checkpoint=False),
+        # The backup exists only while a run is unfinished: a run killed
+        # mid-epoch resumes from it; a finished run deletes it.
+        keras.callbacks.BackupAndRestore(str(run_dir / "backup"), delete_checkpoint=True),
         _AtomicEpochCheckpoint(run_dir / "checkpoints"),
         keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch",
                                     write_graph=False),
