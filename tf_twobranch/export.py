@@ -100,15 +100,18 @@ class TwoBranchServingModule(tf.Module):
                 "embed_images": self.embed_images, "embed_texts": self.embed_texts}
 
 
-def export_saved_model(model: TwoBranchModel, export_dir, *, run_config: dict | None = None,
-                       overwrite: bool = True) -> pathlib.Path:
-    """Writes a SavedModel with tower and scoring signatures to `export_dir`."""
+def save_module_atomically(module: tf.Module, export_dir, run_config: dict, *,
+                           overwrite: bool = True) -> pathlib.Path:
+    """Writes `module` with its signatures and `assets.extra/run_config.json`.
+
+    The SavedModel is written next to `export_dir` and renamed into place, so
+    a reader (or TF Serving polling the folder) never sees a half-written one.
+    """
     export_dir = pathlib.Path(export_dir)
     if export_dir.exists():
         if not overwrite:
             raise FileExistsError(f"{export_dir} exists")
         shutil.rmtree(export_dir)
-    module = TwoBranchServingModule(model)
     tmp = export_dir.with_name(export_dir.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -116,7 +119,16 @@ def export_saved_model(model: TwoBranchModel, export_dir, *, run_config: dict | 
     extra = tmp / "assets.extra"
     extra.mkdir(exist_ok=True)
     (extra / "run_config.json").write_text(
-        json.dumps(run_config or {"model": model.config.to_dict()}, indent=2, sort_keys=True),
-        encoding="utf-8")
-    tmp.rename(export_dir)  # readers never see a half-written SavedModel
+        json.dumps(run_config, indent=2, sort_keys=True, default=str), encoding="utf-8")
+    tmp.rename(export_dir)
     return export_dir
+
+
+def export_saved_model(model: TwoBranchModel, export_dir, *, run_config: dict | None = None,
+                       overwrite: bool = True) -> pathlib.Path:
+    """Writes a SavedModel with tower and scoring signatures to `export_dir`."""
+    if pathlib.Path(export_dir).exists() and not overwrite:
+        raise FileExistsError(f"{export_dir} exists")
+    return save_module_atomically(TwoBranchServingModule(model), export_dir,
+                                  run_config or {"model": model.config.to_dict()},
+                                  overwrite=overwrite)

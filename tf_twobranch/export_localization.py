@@ -56,12 +56,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 
 import keras
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
+from tf_twobranch.export import save_module_atomically
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.features.text_features import TextEncoder
 from tf_twobranch.features.tf_text_features import text_feature_layer_from_encoder
@@ -306,18 +306,10 @@ def export_region_phrase_model(model: TwoBranchModel, image_backbone: keras.Mode
         raise ConfigError(f"text_encoder must be a fitted text encoder or a tf_text_features layer, "
                           f"got {type(text_encoder).__name__}")
     _check_compatible(model, image_backbone, text_layer, crop_size)
-    if export_dir.exists():
-        if not overwrite:
-            raise FileExistsError(f"{export_dir} exists")
-        shutil.rmtree(export_dir)
+    if export_dir.exists() and not overwrite:
+        raise FileExistsError(f"{export_dir} exists")
     module = RegionPhraseServingModule(model, image_backbone, text_layer, crop_size=crop_size,
                                        box_convention=box_convention, region_batch_size=region_batch_size)
-    tmp = export_dir.with_name(export_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tf.saved_model.save(module, str(tmp), signatures=module.signatures())
-    extra = tmp / "assets.extra"
-    extra.mkdir(exist_ok=True)
     config = dict(run_config) if run_config else {"model": model.config.to_dict()}
     config["region_phrase_export"] = {
         "crop_size": int(crop_size), "box_convention": box_convention, "backbone": image_backbone.name,
@@ -325,7 +317,4 @@ def export_region_phrase_model(model: TwoBranchModel, image_backbone: keras.Mode
         else {"layer": type(text_layer).__name__, "dim": int(text_layer.output_dim)},
         "signatures": sorted(module.signatures()),
     }
-    (extra / "run_config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str),
-                                           encoding="utf-8")
-    tmp.rename(export_dir)  # readers never see a half-written SavedModel
-    return export_dir
+    return save_module_atomically(module, export_dir, config, overwrite=overwrite)
