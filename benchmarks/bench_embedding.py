@@ -674,16 +674,7 @@ def main(argv=None):
         lines.append("")
     if not args.skip_eval:
         run_evaluation(args, report, lines)
-    report["loadavg_end"] = os.getloadavg()
-    report["wall_seconds"] = time.time() - started
-    lines.append("")
-    lines.append(f"Load average at end {report['loadavg_end'][0]:.2f}; "
-                 f"total {report['wall_seconds']:.0f} s")
-    text = "\n".join(lines)
-    report["printed"] = text
-    print(text)
-    path = common.write_json(args.out_json, report)
-    print(f"\nwrote {path}")
+    common.finish_report(report, lines, started, args.out_json)
 
 
 if __name__ == "__main__":

@@ -486,16 +486,7 @@ def main(argv=None):
                  f"{d['upper_bound_iou_0.5']:.1f}%, phrases with an IoU>=0.7 proposal "
                  f"{d['phrases_with_iou_0.7_proposal']:.1f}%; data build {d['build_seconds']:.1f} s")
 
-    report["loadavg_end"] = os.getloadavg()
-    report["wall_seconds"] = time.time() - started
-    lines.append("")
-    lines.append(f"Load average at end {report['loadavg_end'][0]:.2f}; "
-                 f"total {report['wall_seconds']:.0f} s")
-    text = "\n".join(lines)
-    report["printed"] = text
-    print(text)
-    path = common.write_json(args.out_json, report)
-    print(f"\nwrote {path}")
+    common.finish_report(report, lines, started, args.out_json)
 
 
 if __name__ == "__main__":

@@ -300,3 +300,17 @@ def write_json(path, payload: dict) -> pathlib.Path:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n",
                     encoding="utf-8")
     return path
+
+
+def finish_report(report: dict, lines: list, started: float, out_json) -> None:
+    """Appends the closing line, prints the table and writes the JSON report."""
+    report["loadavg_end"] = os.getloadavg()
+    report["wall_seconds"] = time.time() - started
+    lines.append("")
+    lines.append(f"Load average at end {report['loadavg_end'][0]:.2f}; "
+                 f"total {report['wall_seconds']:.0f} s")
+    text = "\n".join(lines)
+    report["printed"] = text
+    print(text)
+    path = write_json(out_json, report)
+    print(f"\nwrote {path}")
