@@ -74,13 +74,9 @@ def image_anchor_ranking_loss(dist: tf.Tensor, labels: tf.Tensor, *, margin: flo
     One row per positive (text, image) pair; negatives are the texts not
     matched to that image.
     """
-    pairs = tf.where(labels)
-    dist_t = tf.transpose(dist)
-    labels_t = tf.transpose(labels)
-    rows = tf.gather(dist_t, pairs[:, 1])
-    positive = tf.gather_nd(dist, pairs)[:, None]
-    negative_mask = tf.logical_not(tf.gather(labels_t, pairs[:, 1]))
-    return _top_k_hinge(positive, rows, negative_mask, margin, top_k)
+    # The text-anchor term of the transposed problem: images become anchors.
+    return text_anchor_ranking_loss(tf.transpose(dist), tf.transpose(labels), margin=margin,
+                                    top_k=top_k)
 
 
 def neighbourhood_loss(embeds: tf.Tensor, neighbours: tf.Tensor, *, margin: float,
