@@ -43,6 +43,20 @@ def resolve_config(name: str) -> pathlib.Path:
     raise UserInputError(f"flagfile {name!r} not found (looked in {CONFIG_DIR})")
 
 
+def define_run_flags(fv, *, export_help: str, paper_results_help: str) -> None:
+    """Flags every training experiment shares: distribution, seed, output, table row."""
+    d = dict(flag_values=fv)
+    flags.DEFINE_enum("strategy", "default", ["default", "mirrored", "multi_worker", "tpu"],
+                      "tf.distribute strategy.", **d)
+    flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
+    flags.DEFINE_integer("verbose", 1, "Keras progress bar (0 = silent).", **d)
+    flags.DEFINE_string("run_dir", "", "Run directory (default runs/<row_name>).", **d)
+    flags.DEFINE_bool("export", True, export_help, **d)
+    flags.DEFINE_string("row_name", "", "Name of the table row.", **d)
+    flags.DEFINE_string("paper_results", "", paper_results_help, **d)
+    flags.DEFINE_string("out_json", "", "Results JSON (default <run_dir>/results.json).", **d)
+
+
 def apply_embedded_profile(f, profile: dict) -> dict:
     """Sets a profile's values on flags the user did not set, when no --dataset_dir is given.
 

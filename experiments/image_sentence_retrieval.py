@@ -103,18 +103,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        lower_bound=0.0, **d)
     flags.DEFINE_enum("lr_schedule", "none", ["none", "exponential"],
                       "none: as the reference code (its decay is never applied).", **d)
-    flags.DEFINE_enum("strategy", "default", ["default", "mirrored", "multi_worker", "tpu"],
-                      "tf.distribute strategy.", **d)
-    flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
-    flags.DEFINE_integer("verbose", 1, "Keras progress bar (0 = silent).", **d)
-    # Output.
-    flags.DEFINE_string("run_dir", "", "Run directory (default runs/<row_name>).", **d)
-    flags.DEFINE_bool("export", True, "Write a SavedModel to <run_dir>/export.", **d)
-    flags.DEFINE_string("row_name", "", "Name of the table row.", **d)
-    flags.DEFINE_string("paper_results", "", "The paper's six numbers for this row "
-                        "(i2t R@1,5,10, t2i R@1,5,10).", **d)
+    common.define_run_flags(
+        fv, export_help="Write a SavedModel to <run_dir>/export.",
+        paper_results_help="The paper's six numbers for this row (i2t R@1,5,10, t2i R@1,5,10).")
     flags.DEFINE_string("paper_dataset", "Flickr30K", "Dataset the paper numbers are for.", **d)
-    flags.DEFINE_string("out_json", "", "Results JSON (default <run_dir>/results.json).", **d)
 
 
 def load_data(f):

@@ -119,17 +119,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                          "(bi-directional terms only).", lower_bound=0, **d)
     flags.DEFINE_integer("max_hard_negatives", 50, "Hard negatives kept per unique phrase.", lower_bound=1, **d)
     flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate (§4.3).", lower_bound=0.0, **d)
-    flags.DEFINE_enum("strategy", "default", ["default", "mirrored", "multi_worker", "tpu"],
-                      "tf.distribute strategy.", **d)
-    flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
-    flags.DEFINE_integer("verbose", 1, "Keras progress bar (0 = silent).", **d)
-    # Output.
-    flags.DEFINE_string("run_dir", "", "Run directory (default runs/<row_name>).", **d)
-    flags.DEFINE_bool("export", True, "Write a SavedModel (region/phrase feature towers) to <run_dir>/export.", **d)
-    flags.DEFINE_string("row_name", "", "Name of the table row.", **d)
-    flags.DEFINE_string("paper_results", "", "The paper's R@1,R@5,R@10 for this row (fewer when the "
-                        "paper gives fewer).", **d)
-    flags.DEFINE_string("out_json", "", "Results JSON (default <run_dir>/results.json).", **d)
+    common.define_run_flags(
+        fv, export_help="Write a SavedModel (region/phrase feature towers) to <run_dir>/export.",
+        paper_results_help="The paper's R@1,R@5,R@10 for this row (fewer when the paper gives fewer).")
 
 
 def feature_spec(f):
