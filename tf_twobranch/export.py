@@ -2,81 +2,119 @@
 
 The SavedModel has one signature per tower and one for scoring:
 
-* ``embed_images``: ``image_features`` float32 (batch, image_dim) →
-  ``image_embedding`` (batch, d).
-* ``embed_texts``: ``text_features`` float32 (batch, text_dim) — or, for the
-  LSTM text branch, ``captions`` string (batch,) tokenized inside the graph
-  with tensorflow-text → ``text_embedding`` (batch, d).
-* ``score``: both inputs → ``scores`` (num_images, num_texts), higher is
-  better (cosine similarity for the embedding network, the similarity
-  network's logit otherwise).
+* ``embed_images``: ``image_features`` float32 (batch, image_dim) — or, when
+  exported with an ``image_backbone`` (a CNN on pixels), ``image_jpeg``
+  string (batch,) of JPEG/PNG bytes decoded and resized inside the graph —
+  → ``image_embedding`` float32 (batch, d).
+* ``embed_texts``: ``captions`` string (batch,) of raw sentences for the LSTM
+  text branch (tokenized inside the graph) and for feature models exported
+  with a ``text_encoder`` (the fitted sentence encoder runs inside the graph,
+  `tf_twobranch.features.tf_text_features`); otherwise ``text_features``
+  float32 (batch, text_dim) → ``text_embedding`` float32 (batch, d).
+* ``score``: the image and the text input → ``scores`` float32
+  (num_images, num_texts), higher is better (dot product of the tower
+  embeddings for the embedding network, the similarity network's logit
+  otherwise).
 * ``serving_default`` = ``score``.
 
-Inputs are validated inside the graph: NaN/inf features and empty captions
-fail with an InvalidArgument error whose message says what is wrong.
-The run's configuration is copied next to the SavedModel (``assets.extra``
-is the TF Serving convention for such side files).
+Every input is validated inside the graph (`tf_twobranch.serving`): wrong
+rank or feature dimension, an empty batch, NaN/inf features, empty or
+whitespace-only captions and bytes that are not a JPEG/PNG fail with an
+``InvalidArgumentError`` naming the input and what was expected. The run's
+configuration (``run_config.json``) and a TF Serving warm-up file
+(``tf_serving_warmup_requests``, one small request per signature, run once
+before saving) are written to ``assets.extra``. Graphs with string inputs use
+tensorflow-text ops: ``import tensorflow_text`` before loading. See
+docs/SERVING.md.
 """
 from __future__ import annotations
 
 import json
 import pathlib
 import shutil
+from typing import Mapping, Sequence
 
+import keras
+import numpy as np
 import tensorflow as tf
 
+from tf_twobranch import serving
+from tf_twobranch.errors import ConfigError
 from tf_twobranch.models.text_towers import build_string_text_tower
 from tf_twobranch.models.two_branch import TwoBranchModel
 
+__all__ = ["TwoBranchServingModule", "save_module_atomically", "export_saved_model"]
 
-def _check_features(x, name):
-    return tf.debugging.assert_all_finite(x, f"{name} contains NaN or inf values")
+WARMUP_CAPTION = "a photo of a dog"
 
 
-def _check_captions(captions):
-    stripped = tf.strings.strip(captions)
-    tf.debugging.assert_greater(
-        tf.strings.length(stripped), 0,
-        message="captions must be non-empty strings (got an empty caption)")
-    return captions
+def _warmup_jpeg(height: int, width: int) -> bytes:
+    """A small grey JPEG: a real, decodable image for warm-up requests."""
+    return tf.io.encode_jpeg(tf.fill([height, width, 3], tf.constant(128, tf.uint8))).numpy()
 
 
 class TwoBranchServingModule(tf.Module):
-    """Wraps a trained `TwoBranchModel` with serving signatures."""
+    """Wraps a trained `TwoBranchModel` with validated serving signatures.
 
-    def __init__(self, model: TwoBranchModel):
+    Args:
+      model: the trained model.
+      text_layer: optional in-graph sentence encoder (raw strings →
+        (batch, text_dim) features) for a model on text features; then
+        ``embed_texts`` takes ``captions`` strings.
+      image_backbone: optional CNN (float RGB 0..255 (batch, S, S, 3) →
+        (batch, image_dim)); then ``embed_images`` takes ``image_jpeg`` bytes.
+      image_size: side the images are resized to; default the backbone input.
+    """
+
+    def __init__(self, model: TwoBranchModel, *, text_layer: keras.layers.Layer | None = None,
+                 image_backbone: keras.Model | None = None, image_size: int | None = None):
         super().__init__(name="two_branch_serving")
         cfg = model.config
-        self.config_json = tf.Variable(json.dumps(cfg.to_dict()), trainable=False,
-                                       name="model_config")
+        self.config_json = tf.Variable(json.dumps(cfg.to_dict()), trainable=False, name="model_config")
+        self.embed_dim = int(cfg.embed_dim)
+        self.image_dim = int(cfg.image_dim)
+        self.text_dim = int(cfg.text_dim)
         self.image_tower = model.image_tower
-        self.uses_strings = cfg.text_encoder == "lstm"
-        if self.uses_strings:
-            self.text_tower = build_string_text_tower(model.text_tower, cfg.vocabulary,
-                                                      cfg.max_len)
-            text_spec = tf.TensorSpec([None], tf.string, name="captions")
+        self.image_backbone = image_backbone
+        if image_backbone is not None:
+            from tf_twobranch.features.backbones import backbone_input_size
+            self.image_size = int(image_size or backbone_input_size(image_backbone))
+            self.image_input = "image_jpeg"
+            image_spec = serving.jpeg_batch_spec(self.image_input)
+        else:
+            self.image_input = "image_features"
+            image_spec = serving.feature_batch_spec(self.image_input)
+        self.text_layer = None
+        if cfg.text_encoder == "lstm":
+            if text_layer is not None:
+                raise ConfigError("text_encoder is for models on text features; the LSTM branch tokenizes "
+                                  "captions itself")
+            self.text_tower = build_string_text_tower(model.text_tower, cfg.vocabulary, cfg.max_len)
+            self.text_input = "captions"
         else:
             self.text_tower = model.text_tower
-            text_spec = tf.TensorSpec([None, cfg.text_dim], tf.float32, name="text_features")
+            self.text_layer = text_layer
+            self.text_input = "captions" if text_layer is not None else "text_features"
+        text_spec = (serving.string_batch_spec(self.text_input) if self.text_input == "captions"
+                     else serving.feature_batch_spec(self.text_input))
         self.similarity_head = model.similarity_head
-        image_spec = tf.TensorSpec([None, cfg.image_dim], tf.float32, name="image_features")
 
         @tf.function(input_signature=[image_spec])
-        def embed_images(image_features):
-            return {"image_embedding": self._image(image_features)}
+        def embed_images(images):
+            return {"image_embedding": self._image(images)}
 
         @tf.function(input_signature=[text_spec])
         def embed_texts(texts):
             return {"text_embedding": self._text(texts)}
 
         @tf.function(input_signature=[image_spec, text_spec])
-        def score(image_features, texts):
-            img = self._image(image_features)
+        def score(images, texts):
+            img = self._image(images)
             txt = self._text(texts)
             if self.similarity_head is None:
                 return {"scores": tf.matmul(img, txt, transpose_b=True)}
             joint = img[:, None, :] * txt[None, :, :]
-            flat = tf.reshape(joint, [-1, tf.shape(img)[-1]])
+            flat = tf.reshape(joint, [-1, self.embed_dim])
             logits = self.similarity_head(flat, training=False)
             return {"scores": tf.reshape(logits, [tf.shape(img)[0], tf.shape(txt)[0]])}
 
@@ -85,27 +123,55 @@ class TwoBranchServingModule(tf.Module):
         self.score = score
 
     def _image(self, x):
-        with tf.control_dependencies([_check_features(x, "image_features")]):
-            return self.image_tower(tf.identity(x), training=False)
+        if self.image_backbone is not None:
+            pixels = serving.decode_jpeg_batch(x, self.image_size, self.image_input)
+            features = tf.ensure_shape(self.image_backbone(pixels, training=False), [None, self.image_dim])
+        else:
+            features = serving.validate_features(x, self.image_dim, self.image_input)
+        out = self.image_tower(features, training=False)
+        out.set_shape([None, self.embed_dim])
+        return out
 
     def _text(self, x):
-        if self.uses_strings:
-            with tf.control_dependencies([_check_captions(x)]):
-                return self.text_tower(tf.identity(x), training=False)
-        with tf.control_dependencies([_check_features(x, "text_features")]):
-            return self.text_tower(tf.identity(x), training=False)
+        if self.text_input == "captions":
+            strings = serving.validate_strings(x, self.text_input)
+            if self.text_layer is not None:
+                out = self.text_tower(self.text_layer(strings), training=False)
+            else:
+                out = self.text_tower(strings, training=False)
+        else:
+            out = self.text_tower(serving.validate_features(x, self.text_dim, self.text_input), training=False)
+        out.set_shape([None, self.embed_dim])
+        return out
 
-    def signatures(self):
+    def signatures(self) -> dict:
         return {"serving_default": self.score, "score": self.score,
                 "embed_images": self.embed_images, "embed_texts": self.embed_texts}
 
+    def warmup_requests(self) -> list[tuple[str, dict]]:
+        """One small valid request per signature (two images, two texts)."""
+        if self.image_backbone is not None:
+            images = [_warmup_jpeg(self.image_size, self.image_size)] * 2
+        else:
+            images = np.zeros((2, self.image_dim), np.float32)
+        texts = ([WARMUP_CAPTION, "a man rides a horse"] if self.text_input == "captions"
+                 else np.zeros((2, self.text_dim), np.float32))
+        both = {self.image_input: images, self.text_input: texts}
+        return [("embed_images", {self.image_input: images}), ("embed_texts", {self.text_input: texts}),
+                ("score", both), ("serving_default", both)]
 
-def save_module_atomically(module: tf.Module, export_dir, run_config: dict, *,
-                           overwrite: bool = True) -> pathlib.Path:
-    """Writes `module` with its signatures and `assets.extra/run_config.json`.
 
-    The SavedModel is written next to `export_dir` and renamed into place, so
-    a reader (or TF Serving polling the folder) never sees a half-written one.
+def save_module_atomically(module: tf.Module, export_dir, run_config: dict, *, overwrite: bool = True,
+                           warmup_requests: Sequence[tuple[str, Mapping[str, object]]] | None = None,
+                           model_name: str = "") -> pathlib.Path:
+    """Writes `module` with its signatures, `assets.extra/run_config.json` and the warm-up file.
+
+    `module.signatures()` gives the signatures. Warm-up requests (default:
+    ``module.warmup_requests()`` when the module has that method) are run
+    through the signatures first — TF Serving refuses a model whose warm-up
+    fails — then written with `tf_twobranch.serving.write_warmup_requests`.
+    The SavedModel is written next to `export_dir` and renamed into place,
+    so a reader (or TF Serving polling the folder) never sees a half-written one.
     """
     export_dir = pathlib.Path(export_dir)
     if export_dir.exists():
@@ -115,20 +181,67 @@ def save_module_atomically(module: tf.Module, export_dir, run_config: dict, *,
     tmp = export_dir.with_name(export_dir.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tf.saved_model.save(module, str(tmp), signatures=module.signatures())
+    signatures = module.signatures()
+    if warmup_requests is None and hasattr(module, "warmup_requests"):
+        warmup_requests = module.warmup_requests()
+    if warmup_requests:
+        serving.run_warmup_requests(signatures, warmup_requests)
+    tf.saved_model.save(module, str(tmp), signatures=signatures)
     extra = tmp / "assets.extra"
     extra.mkdir(exist_ok=True)
     (extra / "run_config.json").write_text(
         json.dumps(run_config, indent=2, sort_keys=True, default=str), encoding="utf-8")
+    if warmup_requests:
+        serving.write_warmup_requests(tmp, warmup_requests, model_name=model_name)
     tmp.rename(export_dir)
     return export_dir
 
 
-def export_saved_model(model: TwoBranchModel, export_dir, *, run_config: dict | None = None,
+def export_saved_model(model: TwoBranchModel, export_dir, *, text_encoder=None,
+                       image_backbone: keras.Model | None = None, image_size: int | None = None,
+                       run_config: dict | None = None, model_name: str = "two_branch",
                        overwrite: bool = True) -> pathlib.Path:
-    """Writes a SavedModel with tower and scoring signatures to `export_dir`."""
+    """Writes a SavedModel with tower and scoring signatures to `export_dir`.
+
+    Args:
+      model: a trained `TwoBranchModel`.
+      export_dir: output directory (replaced when `overwrite`).
+      text_encoder: for a model on text features, the fitted numpy sentence
+        encoder (`FisherVectorEncoder`, `MeanWordVectorEncoder`,
+        `TfidfEncoder`) or its `tf_text_features` layer: ``embed_texts`` then
+        takes raw ``captions``.
+      image_backbone: the CNN that produced the image features: ``embed_images``
+        then takes ``image_jpeg`` bytes.
+      image_size: side images are resized to (default: the backbone input).
+      run_config: written to ``assets.extra/run_config.json`` (default
+        ``{"model": model.config}``).
+      model_name: ``model_spec.name`` in the warm-up requests.
+
+    Raises:
+      ConfigError: the encoder or backbone does not fit the model.
+      FileExistsError: `export_dir` exists and not `overwrite`.
+    """
     if pathlib.Path(export_dir).exists() and not overwrite:
         raise FileExistsError(f"{export_dir} exists")
-    return save_module_atomically(TwoBranchServingModule(model), export_dir,
-                                  run_config or {"model": model.config.to_dict()},
-                                  overwrite=overwrite)
+    cfg = model.config
+    text_layer = None
+    if text_encoder is not None:
+        from tf_twobranch.features.text_features import TextEncoder
+        from tf_twobranch.features.tf_text_features import text_feature_layer_from_encoder
+        text_layer = (text_feature_layer_from_encoder(text_encoder) if isinstance(text_encoder, TextEncoder)
+                      else text_encoder)
+        if not hasattr(text_layer, "output_dim"):
+            raise ConfigError(f"text_encoder must be a fitted text encoder or a tf_text_features layer, "
+                              f"got {type(text_encoder).__name__}")
+        if cfg.text_encoder == "features" and int(text_layer.output_dim) != cfg.text_dim:
+            raise ConfigError(f"the text encoder outputs {text_layer.output_dim}-d features but the model's "
+                              f"text_dim is {cfg.text_dim}")
+    if image_backbone is not None and int(image_backbone.output_shape[-1]) != cfg.image_dim:
+        raise ConfigError(f"the image backbone outputs {image_backbone.output_shape[-1]}-d features but the "
+                          f"model's image_dim is {cfg.image_dim}")
+    module = TwoBranchServingModule(model, text_layer=text_layer, image_backbone=image_backbone,
+                                    image_size=image_size)
+    config = dict(run_config) if run_config else {"model": cfg.to_dict()}
+    config["serving"] = {"embed_images_input": module.image_input, "embed_texts_input": module.text_input,
+                         "signatures": sorted(module.signatures())}
+    return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)

@@ -41,14 +41,19 @@ Pixel agreement with the Python path (`load_image` + `extract_region_features`):
   has no antialiasing when shrinking; measured against PIL it differs by up
   to ~100 grey levels.
 
+``assets.extra`` holds ``run_config.json`` and the TF Serving warm-up file
+``tf_serving_warmup_requests`` (one small request per signature). See
+docs/SERVING.md for requests and error messages.
+
 The graph uses tensorflow-text's tokenizer ops: ``import tensorflow_text``
 before ``tf.saved_model.load`` (TF Serving needs a build with those ops).
 
 Requests are validated inside the graph; bad ones fail with
-``InvalidArgumentError`` whose message says what is wrong: bytes that are
-not an image, proposals that are not (N, 4) with N >= 1, non-finite,
-empty (zero area) or outside the image, an empty phrase list or an empty
-(whitespace-only) phrase. A phrase whose words are all unknown to the text
+``InvalidArgumentError`` whose message says what is wrong: ``image_jpeg``
+that is not one scalar string or not an image, proposals that are not
+(N, 4) with N >= 1, non-finite, empty (zero area) or outside the image,
+``phrases`` that is not a non-empty (P,) batch or holds an empty
+(whitespace-only) phrase (`tf_twobranch.serving.validate_strings`). A phrase whose words are all unknown to the text
 encoder is valid: it gets the encoder's no-known-word features (see
 `tf_text_features`).
 """
@@ -58,8 +63,10 @@ import json
 import pathlib
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from tf_twobranch import serving
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import save_module_atomically
 from tf_twobranch.features.backbones import backbone_input_size
@@ -182,11 +189,11 @@ class RegionPhraseServingModule(tf.Module):
         self.box_convention = box_convention
         self.region_batch_size = int(region_batch_size)
 
-        image_spec = tf.TensorSpec([], tf.string, name="image_jpeg")
-        # Any shape: the (N, 4) requirement is checked in the graph so that a
-        # wrong shape gets an InvalidArgument error with a readable message.
+        # Any shape: shapes are checked in the graph so that a wrong one gets
+        # an InvalidArgument error with a readable message (tf_twobranch.serving).
+        image_spec = tf.TensorSpec(None, tf.string, name="image_jpeg")
         proposals_spec = tf.TensorSpec(None, tf.float32, name="proposals")
-        phrases_spec = tf.TensorSpec([None], tf.string, name="phrases")
+        phrases_spec = serving.string_batch_spec("phrases")
 
         @tf.function(input_signature=[image_spec, proposals_spec, phrases_spec])
         def score_proposals(image_jpeg, proposals, phrases):
@@ -221,6 +228,12 @@ class RegionPhraseServingModule(tf.Module):
         return tf.reshape(features, [-1, dim])[:n]
 
     def _regions(self, image_jpeg, proposals):
+        scalar_check = tf.debugging.Assert(
+            tf.equal(tf.rank(image_jpeg), 0),
+            ["image_jpeg must be one encoded image (a scalar string, shape ()); got a tensor of shape",
+             tf.shape(image_jpeg)])
+        with tf.control_dependencies([scalar_check]):
+            image_jpeg = tf.reshape(image_jpeg, [])
         image = decode_image_exact(image_jpeg)
         boxes, checks = _check_proposals(proposals, tf.shape(image)[0], tf.shape(image)[1], self.box_convention)
         with tf.control_dependencies(checks):
@@ -231,14 +244,7 @@ class RegionPhraseServingModule(tf.Module):
         return boxes, tf.nn.l2_normalize(embeddings, axis=-1, epsilon=1e-24)
 
     def _phrases(self, phrases):
-        checks = [
-            tf.debugging.assert_positive(tf.size(phrases), message="phrases is empty; expected at least one phrase"),
-            tf.debugging.assert_greater(
-                tf.strings.length(tf.strings.strip(phrases)), 0,
-                message="phrases must be non-empty strings (got an empty or whitespace-only phrase)"),
-        ]
-        with tf.control_dependencies(checks):
-            features = self.text_encoder(tf.identity(phrases))
+        features = self.text_encoder(serving.validate_strings(phrases, "phrases"))
         embeddings = self.text_tower(features, training=False)
         return tf.nn.l2_normalize(embeddings, axis=-1, epsilon=1e-24)
 
@@ -252,6 +258,21 @@ class RegionPhraseServingModule(tf.Module):
     def signatures(self) -> dict:
         return {"serving_default": self.score_proposals, "score_proposals": self.score_proposals,
                 "embed_regions": self.embed_regions, "embed_phrases": self.embed_phrases}
+
+    def warmup_requests(self) -> list[tuple[str, dict]]:
+        """One small valid request per signature: a grey 48x64 JPEG, two boxes, two phrases."""
+        height, width = 48, 64
+        jpeg = tf.io.encode_jpeg(tf.fill([height, width, 3], tf.constant(128, tf.uint8))).numpy()
+        if self.box_convention == "inclusive":
+            boxes = np.array([[0, 0, width - 1, height - 1], [8, 4, 40, 30]], np.float32)
+        else:
+            boxes = np.array([[0, 0, width, height], [8, 4, 41, 31]], np.float32)
+        phrases = ["a dog", "the red car"]
+        image = np.array(jpeg, dtype=object)  # scalar string tensor
+        both = {"image_jpeg": image, "proposals": boxes, "phrases": phrases}
+        return [("embed_regions", {"image_jpeg": image, "proposals": boxes}),
+                ("embed_phrases", {"phrases": phrases}),
+                ("score_proposals", both), ("serving_default", both)]
 
 
 def _check_compatible(model: TwoBranchModel, image_backbone: keras.Model, text_layer, crop_size: int) -> None:
@@ -273,7 +294,8 @@ def _check_compatible(model: TwoBranchModel, image_backbone: keras.Model, text_l
 def export_region_phrase_model(model: TwoBranchModel, image_backbone: keras.Model,
                                text_encoder: TextEncoder | keras.layers.Layer, export_dir, *, crop_size: int,
                                run_config: dict | None = None, box_convention: str = "inclusive",
-                               region_batch_size: int = 64, overwrite: bool = True) -> pathlib.Path:
+                               region_batch_size: int = 64, model_name: str = "region_phrase",
+                               overwrite: bool = True) -> pathlib.Path:
     """Writes the end-to-end region–phrase SavedModel to `export_dir`.
 
     Args:
@@ -291,6 +313,9 @@ def export_region_phrase_model(model: TwoBranchModel, image_backbone: keras.Mode
         encoder); default ``{"model": model.config}``.
       box_convention: "inclusive" or "half_open" (see the module docstring).
       region_batch_size: proposals per backbone call inside the graph.
+      model_name: ``model_spec.name`` of the warm-up requests written to
+        ``assets.extra/tf_serving_warmup_requests`` (one per signature, run
+        once before saving).
 
     Returns:
       The export directory.
@@ -317,4 +342,4 @@ def export_region_phrase_model(model: TwoBranchModel, image_backbone: keras.Mode
         else {"layer": type(text_layer).__name__, "dim": int(text_layer.output_dim)},
         "signatures": sorted(module.signatures()),
     }
-    return save_module_atomically(module, export_dir, config, overwrite=overwrite)
+    return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)

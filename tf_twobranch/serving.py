@@ -1,0 +1,425 @@
+"""Serving helpers shared by every SavedModel export: input specs, in-graph
+validation, batch image decoding and the TF Serving warm-up file.
+
+Why the input specs have no static shape: a shape in a signature's
+`TensorSpec` is enforced *before* the graph runs, by callers that each word
+it differently (a Python ``TypeError`` "Can not cast TensorSpec" from
+``loaded.signatures[...]``, a ``ValueError`` "Cannot feed value of shape"
+from ``saved_model_cli run``, nothing at all in TF Serving, which feeds the
+placeholder as is). The specs of `string_batch_spec`, `feature_batch_spec`
+and `jpeg_batch_spec` therefore fix only the dtype; the validators below
+check rank and sizes inside the graph, so every caller gets the same
+``InvalidArgumentError`` naming the input and the expected shape. The
+expected shapes are listed in docs/SERVING.md and the exports' docstrings.
+
+A wrong *dtype* cannot be checked in the graph (a signature has one dtype
+per input); it is rejected by the runtime before the graph runs, as
+``InvalidArgumentError: cannot compute ... as input #0(zero-based) was
+expected to be a string tensor but is a float tensor`` (`tf.saved_model.load`)
+or ``Expects arg[0] to be string but float is provided`` (TF Serving).
+NumPy integer / float64 arrays passed to a float32 input are cast, not
+rejected.
+
+Warm-up: TF Serving replays ``assets.extra/tf_serving_warmup_requests`` (a
+TFRecord of ``tensorflow.serving.PredictionLog`` protos) when it loads a
+model, so the first real request does not pay for graph initialisation.
+`tensorflow-serving-api` is not installable next to TF 2.21, so the four
+messages needed here (`PredictionLog` → `PredictLog` → `PredictRequest` →
+`ModelSpec`) are declared at run time from a small `FileDescriptorProto`
+with the field numbers of tensorflow_serving/apis/*.proto, in a private
+descriptor pool (no clash if the real package is imported too); inputs are
+TensorFlow's own `TensorProto`.
+"""
+from __future__ import annotations
+
+import functools
+import pathlib
+from typing import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tf_twobranch.errors import ConfigError, DataFormatError
+
+__all__ = [
+    "WARMUP_FILENAME",
+    "IMAGE_FORMATS",
+    "string_batch_spec",
+    "jpeg_batch_spec",
+    "feature_batch_spec",
+    "validate_strings",
+    "validate_features",
+    "decode_jpeg_batch",
+    "write_warmup_requests",
+    "read_warmup_requests",
+    "run_warmup_requests",
+    "run_saved_model_cli",
+]
+
+WARMUP_FILENAME = "tf_serving_warmup_requests"
+IMAGE_FORMATS = "JPEG or PNG"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------
+# Input specs (dtype only; shapes are checked in the graph, see module doc).
+
+
+def string_batch_spec(name: str) -> tf.TensorSpec:
+    """Spec of a batch of strings, shape (batch,) checked by `validate_strings`."""
+    return tf.TensorSpec(None, tf.string, name=name)
+
+
+def jpeg_batch_spec(name: str) -> tf.TensorSpec:
+    """Spec of a batch of encoded images, shape (batch,) checked by `decode_jpeg_batch`."""
+    return tf.TensorSpec(None, tf.string, name=name)
+
+
+def feature_batch_spec(name: str) -> tf.TensorSpec:
+    """Spec of a float32 feature batch, shape (batch, dim) checked by `validate_features`."""
+    return tf.TensorSpec(None, tf.float32, name=name)
+
+
+# --------------------------------------------------------------------------
+# In-graph validators. Each returns its (possibly reshaped) input with the
+# checks as control dependencies, so they run before anything uses it.
+
+
+def _rank_and_batch_checks(x, rank: int, name: str, expected: str):
+    rank_check = tf.debugging.Assert(
+        tf.equal(tf.rank(x), rank),
+        [f"{name} must have shape {expected}; got a tensor of rank", tf.rank(x), "and shape", tf.shape(x)])
+    with tf.control_dependencies([rank_check]):
+        batch_check = tf.debugging.Assert(
+            tf.shape(x)[0] > 0, [f"{name} is empty; expected shape {expected} with batch >= 1"])
+    return [rank_check, batch_check]
+
+
+def validate_strings(strings, name: str) -> tf.Tensor:
+    """Checks a (batch,) string tensor: rank 1, batch >= 1, no empty / whitespace-only string.
+
+    Raises (when the graph runs) `tf.errors.InvalidArgumentError` whose
+    message names `name`, what was expected and, for an empty string, the
+    index of the first one.
+
+    Returns:
+      `strings` as a (None,) tf.string tensor that depends on the checks.
+    """
+    strings = tf.convert_to_tensor(strings, tf.string)
+    checks = _rank_and_batch_checks(strings, 1, name, "(batch,)")
+    with tf.control_dependencies(checks):
+        flat = tf.reshape(strings, [-1])
+        empty = tf.equal(tf.strings.length(tf.strings.strip(flat)), 0)
+        checks.append(tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(empty)),
+            [f"{name} must be non-empty strings; got an empty or whitespace-only string at index",
+             tf.argmax(tf.cast(empty, tf.int32))]))
+    with tf.control_dependencies(checks):
+        out = tf.identity(flat)
+    out.set_shape([None])
+    return out
+
+
+def validate_features(x, dim: int, name: str) -> tf.Tensor:
+    """Checks a float feature batch: rank 2, batch >= 1, last dimension `dim`, finite values.
+
+    Raises (when the graph runs) `tf.errors.InvalidArgumentError` naming
+    `name`, the expected shape and, for NaN/inf, the first bad row.
+
+    Returns:
+      `x` as a (None, dim) float32 tensor that depends on the checks.
+    """
+    dim = int(dim)
+    expected = f"(batch, {dim})"
+    x = tf.convert_to_tensor(x, tf.float32)
+    checks = _rank_and_batch_checks(x, 2, name, expected)
+    with tf.control_dependencies(checks):
+        checks.append(tf.debugging.Assert(
+            tf.equal(tf.shape(x)[-1], dim),
+            [f"{name} must have shape {expected}; got shape", tf.shape(x)]))
+    with tf.control_dependencies(checks):
+        x = tf.reshape(x, [-1, dim])
+        bad_rows = tf.logical_not(tf.reduce_all(tf.math.is_finite(x), axis=1))
+        checks.append(tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad_rows)),
+            [f"{name} contains NaN or inf values; first bad row:", tf.argmax(tf.cast(bad_rows, tf.int32))]))
+    with tf.control_dependencies(checks):
+        out = tf.identity(x)
+    out.set_shape([None, dim])
+    return out
+
+
+def _image_size(size) -> tuple[int, int]:
+    if isinstance(size, (int, np.integer)):
+        size = (int(size), int(size))
+    size = tuple(int(s) for s in size)
+    if len(size) != 2 or min(size) < 1:
+        raise ConfigError(f"image size must be a positive int or (height, width), got {size!r}")
+    return size
+
+
+def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
+    """Decodes a (batch,) tensor of JPEG/PNG bytes to float32 RGB (batch, H, W, 3), 0..255.
+
+    Every element must start with the JPEG or PNG magic bytes; otherwise an
+    `InvalidArgumentError` names `name` and the index of the first bad
+    element. JPEGs are decoded with the accurate integer DCT (pixels equal
+    PIL's, see `tf_twobranch.features.images.tf_decode_image`); grey images
+    become RGB, alpha is dropped. Each image is resized (bilinear,
+    antialiased, aspect ratio not kept) to `size` (an int or (height, width)),
+    the tower's input size. Bytes with valid magic but a corrupt body still
+    fail in the decoder with TensorFlow's "Invalid JPEG data" /
+    "Invalid PNG data" message.
+    """
+    height, width = _image_size(size)
+    jpeg_bytes = tf.convert_to_tensor(jpeg_bytes, tf.string)
+    checks = _rank_and_batch_checks(jpeg_bytes, 1, name, "(batch,) of encoded image bytes")
+    with tf.control_dependencies(checks):
+        flat = tf.reshape(jpeg_bytes, [-1])
+        is_jpeg = tf.strings.substr(flat, 0, 3) == b"\xff\xd8\xff"
+        is_png = tf.strings.substr(flat, 0, 8) == _PNG_MAGIC
+        bad = tf.logical_not(tf.logical_or(is_jpeg, is_png))
+        checks.append(tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [f"{name}: cannot decode image; expected {IMAGE_FORMATS} bytes "
+             "(raw file contents, base64-decoded); first bad element index:",
+             tf.argmax(tf.cast(bad, tf.int32)), "starts with:", tf.gather(tf.strings.substr(flat, 0, 8),
+                                                                           tf.argmax(tf.cast(bad, tf.int32)))]))
+    with tf.control_dependencies(checks):
+        flat = tf.identity(flat)
+
+    def decode_one(data):
+        image = tf.cond(
+            tf.strings.substr(data, 0, 3) == b"\xff\xd8\xff",
+            lambda: tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE"),
+            lambda: tf.io.decode_png(data, channels=3))
+        image.set_shape([None, None, 3])
+        resized = tf.image.resize(tf.cast(image, tf.float32), [height, width], method="bilinear",
+                                  antialias=True)
+        return tf.clip_by_value(resized, 0.0, 255.0)
+
+    return tf.map_fn(decode_one, flat, fn_output_signature=tf.TensorSpec([height, width, 3], tf.float32))
+
+
+# --------------------------------------------------------------------------
+# TF Serving warm-up file.
+
+
+@functools.lru_cache(maxsize=1)
+def _prediction_log_classes():
+    """(PredictionLog, TensorProto) message classes of a private descriptor pool."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from tensorflow.core.framework import tensor_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    added = set()
+
+    def add_file(file_descriptor):
+        if file_descriptor.name in added:
+            return
+        for dependency in file_descriptor.dependencies:
+            add_file(dependency)
+        pool.Add(descriptor_pb2.FileDescriptorProto.FromString(file_descriptor.serialized_pb))
+        added.add(file_descriptor.name)
+
+    add_file(tensor_pb2.DESCRIPTOR)
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="tf_twobranch/tf_serving_prediction_log.proto", package="tensorflow.serving", syntax="proto3",
+        dependency=[tensor_pb2.DESCRIPTOR.name])
+
+    def message(name, fields, nested=()):
+        m = proto.message_type.add(name=name)
+        for field_name, number, kind, type_name, label in fields:
+            f = m.field.add(name=field_name, number=number, type=kind, label=label)
+            if type_name:
+                f.type_name = type_name
+        for n in nested:
+            m.nested_type.add().CopyFrom(n)
+        return m
+
+    optional, repeated = F.LABEL_OPTIONAL, F.LABEL_REPEATED
+    # Field numbers of tensorflow_serving/apis/{model,predict,prediction_log}.proto.
+    message("ModelSpec", [("name", 1, F.TYPE_STRING, None, optional),
+                          ("signature_name", 3, F.TYPE_STRING, None, optional)])
+    inputs_entry = descriptor_pb2.DescriptorProto(name="InputsEntry")
+    inputs_entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=optional)
+    inputs_entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=optional,
+                           type_name=".tensorflow.TensorProto")
+    inputs_entry.options.map_entry = True
+    message("PredictRequest", [("model_spec", 1, F.TYPE_MESSAGE, ".tensorflow.serving.ModelSpec", optional),
+                               ("inputs", 2, F.TYPE_MESSAGE, ".tensorflow.serving.PredictRequest.InputsEntry",
+                                repeated)], nested=[inputs_entry])
+    message("PredictLog", [("request", 1, F.TYPE_MESSAGE, ".tensorflow.serving.PredictRequest", optional)])
+    message("PredictionLog", [("predict_log", 6, F.TYPE_MESSAGE, ".tensorflow.serving.PredictLog", optional)])
+    pool.Add(proto)
+    prediction_log = message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.PredictionLog"))
+    tensor_proto = message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.TensorProto"))
+    return prediction_log, tensor_proto
+
+
+def _as_array(value, signature_name: str, input_name: str) -> np.ndarray:
+    """A numpy array for a request input: str/bytes (and nested lists of them) → object array of bytes."""
+    def encode(v):
+        return v.encode("utf-8") if isinstance(v, str) else v
+
+    if isinstance(value, (str, bytes)):
+        return np.array(encode(value), dtype=object)
+    array = np.asarray(value, dtype=object if isinstance(value, (list, tuple)) else None)
+    if array.dtype == object or array.dtype.kind in "US":
+        flat = [encode(v) for v in array.ravel().tolist()]
+        if flat and all(isinstance(v, bytes) for v in flat):
+            return np.array(flat, dtype=object).reshape(array.shape)
+        if array.dtype == object and isinstance(value, (list, tuple)):
+            array = np.asarray(value)   # a list of numbers
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)  # the exports' float inputs are float32
+    if array.dtype == object or array.dtype.kind in "US" or array.size == 0:
+        raise ConfigError(f"warm-up request {signature_name!r}: input {input_name!r} must be a non-empty "
+                          f"numeric array or strings, got {type(value).__name__}")
+    return array
+
+
+def write_warmup_requests(export_dir, requests: Sequence[tuple[str, Mapping[str, object]]],
+                          model_name: str = "") -> pathlib.Path:
+    """Writes ``<export_dir>/assets.extra/tf_serving_warmup_requests``.
+
+    Args:
+      export_dir: the SavedModel directory (written before or after the
+        SavedModel itself; ``assets.extra`` is created).
+      requests: ``(signature_name, {input_name: value})`` pairs; each becomes
+        one ``PredictionLog`` with a ``predict_log.request``. A value is a
+        numpy array, a (nested) list of numbers or of str/bytes (a batch of
+        strings), or one str/bytes (a scalar string). Strings are stored as
+        bytes (str as UTF-8); float64 as float32.
+      model_name: ``model_spec.name`` of every request (TF Serving ignores it
+        during warm-up; set it to the served name for clarity).
+
+    Returns:
+      The path of the warm-up file.
+
+    Raises:
+      ConfigError: no request, or an input that cannot become a tensor.
+    """
+    if not requests:
+        raise ConfigError("write_warmup_requests needs at least one request")
+    prediction_log_class, tensor_proto_class = _prediction_log_classes()
+    path = pathlib.Path(export_dir) / "assets.extra" / WARMUP_FILENAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    records = []
+    for signature_name, inputs in requests:
+        if not inputs:
+            raise ConfigError(f"warm-up request {signature_name!r} has no inputs")
+        log = prediction_log_class()
+        request = log.predict_log.request
+        request.model_spec.name = model_name
+        request.model_spec.signature_name = signature_name
+        for input_name, value in inputs.items():
+            tensor = tf.make_tensor_proto(_as_array(value, signature_name, input_name))
+            request.inputs[input_name].CopyFrom(tensor_proto_class.FromString(tensor.SerializeToString()))
+        records.append(log.SerializeToString())
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record)
+    return path
+
+
+def read_warmup_requests(path) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """Decodes a warm-up file (or the SavedModel directory holding one).
+
+    Returns:
+      ``[(signature_name, {input_name: numpy array})]`` in file order
+      (strings come back as bytes objects).
+
+    Raises:
+      DataFormatError: the file is missing or a record is not a
+        ``PredictionLog`` with a predict request.
+    """
+    from tensorflow.core.framework import tensor_pb2
+
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "assets.extra" / WARMUP_FILENAME
+    if not path.is_file():
+        raise DataFormatError(path, "warm-up file does not exist")
+    prediction_log_class, _ = _prediction_log_classes()
+    out = []
+    try:
+        records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+    except tf.errors.OpError as err:
+        raise DataFormatError(path, f"not a TFRecord file ({err.message})") from None
+    for index, record in enumerate(records):
+        try:
+            log = prediction_log_class.FromString(record)
+        except Exception as err:  # protobuf's DecodeError differs between implementations
+            raise DataFormatError(path, f"not a PredictionLog ({err})", record=index) from None
+        if not log.HasField("predict_log"):
+            raise DataFormatError(path, "expected a PredictionLog with predict_log", record=index)
+        request = log.predict_log.request
+        inputs = {name: tf.make_ndarray(tensor_pb2.TensorProto.FromString(tensor.SerializeToString()))
+                  for name, tensor in request.inputs.items()}
+        out.append((request.model_spec.signature_name, inputs))
+    return out
+
+
+def run_warmup_requests(signatures: Mapping[str, object],
+                        requests: Sequence[tuple[str, Mapping[str, object]]]) -> list[dict]:
+    """Runs warm-up requests through a module's signature functions (before saving).
+
+    TF Serving refuses to load a model whose warm-up request fails, so the
+    exports run theirs once before writing them.
+
+    Args:
+      signatures: ``{signature_name: tf.function with an input_signature}``,
+        e.g. ``module.signatures()`` of the exports.
+      requests: as for `write_warmup_requests`.
+
+    Returns:
+      The output dicts (numpy values), one per request.
+
+    Raises:
+      ConfigError: unknown signature or input name.
+      tf.errors.InvalidArgumentError: a request fails validation.
+    """
+    outputs = []
+    for signature_name, inputs in requests:
+        if signature_name not in signatures:
+            raise ConfigError(f"warm-up request for unknown signature {signature_name!r}; "
+                              f"expected one of {sorted(signatures)}")
+        function = signatures[signature_name]
+        specs = function.get_concrete_function().structured_input_signature[0]
+        names = [spec.name for spec in specs]
+        if set(names) != set(inputs):
+            raise ConfigError(f"warm-up request {signature_name!r} has inputs {sorted(inputs)}; "
+                              f"the signature expects {sorted(names)}")
+        args = [tf.constant(_as_array(inputs[spec.name], signature_name, spec.name), spec.dtype)
+                for spec in specs]
+        outputs.append({k: v.numpy() for k, v in function(*args).items()})
+    return outputs
+
+
+# --------------------------------------------------------------------------
+# saved_model_cli with the tensorflow-text ops registered.
+
+
+def run_saved_model_cli(argv: Sequence[str]) -> None:
+    """Runs TensorFlow's ``saved_model_cli`` after ``import tensorflow_text``.
+
+    Plain ``saved_model_cli run`` cannot load graphs with in-graph
+    tokenization (``Op type not registered``): this entry point registers
+    the tensorflow-text ops first. Used as
+    ``python -m tf_twobranch.serving run --dir D --tag_set serve ...``.
+    """
+    import sys
+
+    import tensorflow_text  # noqa: F401  (registers the custom ops)
+    from tensorflow.python.tools import saved_model_cli
+
+    sys.argv = ["saved_model_cli", *argv]
+    saved_model_cli.main()
+
+
+if __name__ == "__main__":
+    import sys
+
+    run_saved_model_cli(sys.argv[1:])
