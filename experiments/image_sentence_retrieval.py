@@ -171,6 +171,7 @@ def run_cca(f, splits, image, text) -> dict:
 
 def run(f) -> dict:
     """Runs one table row; returns the results record (also written as JSON)."""
+    from tf_twobranch import distribute
     from tf_twobranch.sampling import image_sentence as sampling
     from tf_twobranch.training import trainer
 
@@ -202,16 +203,21 @@ def run(f) -> dict:
         with strategy.scope():
             model = build_model(config)
         if f.model == "embedding":
-            batches = sampling.image_sentence_batches(
-                train.caption_image, train.num_images, batch_size=f.batch_size,
-                sample_size=f.sample_size, seed=f.seed, unique_images=f.unique_images)
+            def batches():
+                return sampling.image_sentence_batches(
+                    train.caption_image, train.num_images, batch_size=f.batch_size,
+                    sample_size=f.sample_size, seed=f.seed, unique_images=f.unique_images)
             steps = sampling.steps_per_epoch(train.num_captions, train.num_images, f.batch_size,
                                              f.unique_images)
         else:
-            batches = sampling.similarity_pair_batches(
-                train.caption_image, train.num_images, batch_size=f.batch_size, seed=f.seed)
+            def batches():
+                return sampling.similarity_pair_batches(
+                    train.caption_image, train.num_images, batch_size=f.batch_size, seed=f.seed)
             steps = train.num_captions // f.batch_size
-        dataset = sampling.attach_features(batches, image["train"], text["train"])
+        # Every replica embeds its block of each global batch (tf_twobranch.distribute).
+        dataset = distribute.distribute_global_batches(
+            strategy, batches,
+            lambda ds: sampling.attach_features(ds, image["train"], text["train"]))
         run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
                       "flags": f.flag_values_dict(), "dataset_dir": str(dataset_dir)}
         trainer.prepare_run_dir(run_dir, run_config)

@@ -160,6 +160,14 @@ def table_marks(f) -> dict:
             "nbr. constr.": f.neighbourhood_constraints if emb else None}
 
 
+def _distributed(strategy, sampler, data):
+    """Each replica embeds its block of every global Algorithm 1 batch."""
+    from tf_twobranch import distribute
+    from tf_twobranch.sampling.phrase_localization import attach_phrase_features
+    return distribute.distribute_global_batches(
+        strategy, sampler.dataset, lambda ds: attach_phrase_features(ds, data))
+
+
 def build_config(f, image_dim: int, text_dim: int, constraints: bool = False):
     from tf_twobranch.models.two_branch import TwoBranchConfig
     hidden = () if f.branch == "linear" else (f.hidden_dim,)
@@ -224,7 +232,6 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     import keras
     from tf_twobranch.models.two_branch import build_model
     from tf_twobranch.sampling import phrase_localization as pl
-    from tf_twobranch.sampling.phrase_localization import attach_phrase_features
     from tf_twobranch.training import trainer
     config = build_config(f, data.region_features.shape[1], data.phrase_features.shape[1])
     tcfg = trainer.TrainConfig(epochs=f.epochs, learning_rate=f.learning_rate, seed=f.seed,
@@ -240,7 +247,7 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     info = {"stages": []}
     sampler = _sampler(f, data, f.seed)
     steps = sampler.steps_per_epoch
-    history = trainer.train(model, attach_phrase_features(sampler.dataset(), data), tcfg, run_dir,
+    history = trainer.train(model, _distributed(strategy, sampler, data), tcfg, run_dir,
                             steps_per_epoch=steps)
     info["stages"].append({"name": "main", "epochs": f.epochs, "loss": history.history["loss"]})
     epoch = f.epochs
@@ -248,7 +255,7 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
         _set_loss(model, image_neighbour_weight=f.image_neighbour_weight,
                   text_neighbour_weight=f.text_neighbour_weight)
         sampler = _sampler(f, data, f.seed + 1)
-        history = trainer.train(model, attach_phrase_features(sampler.dataset(), data), tcfg, run_dir,
+        history = trainer.train(model, _distributed(strategy, sampler, data), tcfg, run_dir,
                                 steps_per_epoch=steps, initial_epoch=epoch, epochs=epoch + f.constraint_epochs)
         epoch += f.constraint_epochs
         info["stages"].append({"name": "neighbourhood_constraints", "epochs": f.constraint_epochs,
@@ -260,7 +267,7 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
         hard = pl.mine_hard_negatives(data, regions, phrases, max_per_phrase=f.max_hard_negatives)
         _set_loss(model, image_neighbour_weight=0.0, text_neighbour_weight=0.0)
         sampler = _sampler(f, data, f.seed + 2, hard_negatives=hard)
-        history = trainer.train(model, attach_phrase_features(sampler.dataset(), data), tcfg, run_dir,
+        history = trainer.train(model, _distributed(strategy, sampler, data), tcfg, run_dir,
                                 steps_per_epoch=steps, initial_epoch=epoch,
                                 epochs=epoch + f.hard_negative_epochs)
         info["stages"].append({"name": "hard_negatives", "epochs": f.hard_negative_epochs,

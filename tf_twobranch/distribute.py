@@ -23,7 +23,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 __all__ = ["num_replicas", "cross_replica_concat", "local_row_offset", "global_count",
-           "replica_share"]
+           "replica_share", "split_global_batch", "distribute_global_batches", "keras_logs"]
 
 
 def _replica_context():
@@ -79,3 +79,107 @@ def replica_share(loss: tf.Tensor) -> tf.Tensor:
     the summed gradient that of the global loss.
     """
     return loss / tf.cast(num_replicas(), loss.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Input side: one global batch of indices, split into equal per-replica rows.
+# ---------------------------------------------------------------------------
+
+# Batch keys whose leading axis runs over the rows one tower embeds; every
+# other key (label matrices, masks over pairs of the global batch) stays
+# global, because the loss is computed on the gathered embeddings.
+IMAGE_ROW_KEYS = ("image_index", "region_index", "image")
+TEXT_ROW_KEYS = ("text_index", "phrase_index", "text")
+
+
+def _row_slice(value, num_slices: int, slice_id, key: str):
+    rows = value.shape[0]
+    if rows is None:
+        rows_t = tf.shape(value)[0]
+        size = rows_t // num_slices
+        tf.debugging.assert_equal(rows_t % num_slices, 0, message=(
+            f"batch key {key!r}: rows not divisible by the number of replicas"))
+    else:
+        if rows % num_slices:
+            from tf_twobranch.errors import ConfigError
+            raise ConfigError(
+                f"batch key {key!r} has {rows} rows, not divisible by the "
+                f"{num_slices} replicas; choose a batch size that is a multiple of the "
+                f"number of replicas")
+        size = rows // num_slices
+    start = slice_id * size
+    return value[start:start + size]
+
+
+def split_global_batch(batch: dict, num_slices: int, slice_id) -> dict:
+    """The rows of a global index batch that replica `slice_id` embeds.
+
+    Tower-input keys (`IMAGE_ROW_KEYS`, `TEXT_ROW_KEYS`) are cut into
+    `num_slices` equal consecutive blocks; everything else is kept whole.
+    Concatenating the replicas' tower outputs in replica order
+    (`cross_replica_concat`) restores the global batch's row order, so the
+    global label matrices and masks apply unchanged.
+    """
+    if num_slices == 1:
+        return batch
+    row_keys = IMAGE_ROW_KEYS + TEXT_ROW_KEYS
+    return {k: (_row_slice(v, num_slices, slice_id, k) if k in row_keys else v)
+            for k, v in batch.items()}
+
+
+def distribute_global_batches(strategy: tf.distribute.Strategy, global_batches_fn,
+                              attach_fn=None):
+    """A distributed dataset: every replica gets its rows of each global batch.
+
+    Args:
+      strategy: the `tf.distribute` strategy training runs under.
+      global_batches_fn: ``() -> tf.data.Dataset`` of global index batches —
+        a deterministic function of the step (the samplers in
+        `tf_twobranch.sampling`), so every worker builds the same stream and
+        nothing is duplicated or dropped: replica r of the cluster takes block
+        r of every global batch.
+      attach_fn: optional ``dataset -> dataset`` that loads the replica's
+        rows (e.g. `sampling.attach_features`), applied after the split so a
+        worker only reads the features of its own rows.
+
+    Returns the dataset itself under a single-replica strategy.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1:
+        ds = global_batches_fn()
+        return attach_fn(ds) if attach_fn is not None else ds
+
+    def dataset_fn(ctx: tf.distribute.InputContext):
+        local = replicas // ctx.num_input_pipelines
+        first = ctx.input_pipeline_id * local
+
+        # Replicas of one worker take consecutive elements of its dataset,
+        # so each global batch becomes `local` elements, in replica order.
+        def slices(batch):
+            parts = [split_global_batch(batch, replicas, first + j) for j in range(local)]
+            return tf.data.Dataset.from_tensors(parts[0]) if local == 1 else \
+                tf.data.Dataset.from_tensor_slices(
+                    {k: tf.stack([p[k] for p in parts]) for k in parts[0]})
+
+        ds = global_batches_fn().flat_map(slices)
+        if attach_fn is not None:
+            ds = attach_fn(ds)
+        return ds
+
+    options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
+    return strategy.distribute_datasets_from_function(dataset_fn, options=options)
+
+
+def keras_logs(logs: dict) -> dict:
+    """`train_step` logs in the shape Keras can reduce under every strategy.
+
+    Keras 3 reduces per-replica logs of a multi-worker strategy with
+    ``strategy.reduce("MEAN", v, axis=0)``, which rejects scalars; a
+    one-element vector reduces to the same scalar.
+    """
+    strategy = tf.distribute.get_strategy()
+    multi_worker = (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                    and strategy.extended._in_multi_worker_mode())  # noqa: SLF001
+    if not multi_worker:
+        return logs
+    return {k: tf.reshape(v, [1]) for k, v in logs.items()}

@@ -46,7 +46,12 @@ def _batch_norm(name):
     # Keras and TF1's tf.layers.batch_normalization share the momentum
     # convention (moving = momentum·moving + (1−momentum)·batch), so the
     # original's momentum=0.1 carries over unchanged.
-    return keras.layers.BatchNormalization(momentum=0.1, epsilon=1e-5, name=name)
+    # Built under a multi-replica strategy, the statistics are those of the
+    # global batch (synchronized), so distributed training computes what one
+    # device would on the same global batch.
+    synchronized = tf.distribute.get_strategy().num_replicas_in_sync > 1
+    return keras.layers.BatchNormalization(momentum=0.1, epsilon=1e-5, name=name,
+                                           synchronized=synchronized)
 
 
 def branch_layers(x, *, hidden_dims: Sequence[int], output_dim: int, layout: str,

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_twobranch import losses
+from tf_twobranch import distribute, losses
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.models.branches import BRANCH_LAYOUTS, build_feature_branch
@@ -171,6 +171,18 @@ class TwoBranchModel(keras.Model):
                 self.optimizer.apply(grads, variables)
             self._xla_apply = xla_apply
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Under a tf.distribute strategy Keras builds the model by averaging
+        # the first distributed batch, which fails on this model's boolean
+        # label masks.  The towers are built when the model is constructed, so
+        # only the optimizer may still need its slots.
+        if all(layer.built for layer in self._flatten_layers()):
+            if self.optimizer is not None and not self.optimizer.built:
+                with self.distribute_strategy.scope():
+                    self.optimizer.build(self.trainable_variables)
+            return
+        super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
     # --- forward -----------------------------------------------------------
     def call(self, inputs, training=False):
         image = self.image_tower(inputs["image"], training=training)
@@ -178,7 +190,9 @@ class TwoBranchModel(keras.Model):
         out = {"image_embedding": image, "text_embedding": text}
         if self.similarity_head is not None and inputs.get("paired", True):
             out["logits"] = tf.squeeze(self.similarity_head(image * text, training=training), -1)
-        return out
+        # Under a mixed-precision policy the towers compute in bfloat16/float16;
+        # losses, gathers and evaluation stay in float32.
+        return {k: tf.cast(v, tf.float32) for k, v in out.items()}
 
     def build_all(self):
         """Creates every variable (needed before loading weights)."""
@@ -192,7 +206,7 @@ class TwoBranchModel(keras.Model):
 
     # --- training ------------------------------------------------------------
     def compute_task_loss(self, batch, training):
-        """The task's loss for one batch; the batch's keys say which task.
+        """The task's loss for one (global) batch; the batch's keys say which task.
 
         * ``labels`` (texts × images) — image–sentence triplets (TPAMI §5.1);
         * ``phrase_region_positive`` — Algorithm 1 region–phrase triplets
@@ -200,7 +214,10 @@ class TwoBranchModel(keras.Model):
         * similarity network: ``labels`` per pair, with ``pair_mask`` for
           Algorithm 1's padded pair batches.
         """
-        out = self(batch, training=training)
+        return self.loss_from_outputs(self(batch, training=training), batch)
+
+    def loss_from_outputs(self, out: dict, batch: dict) -> tf.Tensor:
+        """The task's loss given the towers' outputs for the whole batch."""
         cfg = self.config
         if cfg.kind == "embedding":
             if "phrase_region_positive" in batch:
@@ -218,25 +235,42 @@ class TwoBranchModel(keras.Model):
                                                     batch["pair_mask"])
         return losses.logistic_pair_loss(out["logits"], batch["labels"])
 
+    def _global_loss(self, batch, training):
+        """Loss of the global batch when each replica embeds only its rows.
+
+        Under a multi-replica strategy the batch holds this replica's tower
+        inputs (`distribute.split_global_batch`) and the global label
+        matrices; the replicas' outputs are all-gathered (differentiably) so
+        the ranking terms see every in-batch negative of the global batch.
+        Outside distribution this is `compute_task_loss`.
+        """
+        out = self(batch, training=training)
+        if distribute.num_replicas() > 1:
+            out = {k: distribute.cross_replica_concat(v) for k, v in out.items()}
+        return self.loss_from_outputs(out, batch)
+
     def train_step(self, data):
         data = _batch_dict(data)
         with tf.GradientTape() as tape:
-            loss = self.compute_task_loss(data, training=True)
-            # Keras sums gradients over replicas; dividing by their number makes
-            # the update that of the mean loss.
-            scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
+            loss = self._global_loss(data, training=True)
+            # Every replica computes the same global loss; Keras sums the
+            # replicas' gradients, and the all-gather's gradient routes each
+            # row's share back to the replica that embedded it, so scaling by
+            # 1/replicas makes the update that of the single-device batch.
+            # (scale_loss is the identity except under a float16 LossScaleOptimizer)
+            scaled = self.optimizer.scale_loss(distribute.replica_share(loss))
         grads = tape.gradient(scaled, self.trainable_variables)
         if self._xla_apply is not None:
             self._xla_apply(grads)
         else:
             self.optimizer.apply(grads, self.trainable_variables)
         self.loss_tracker.update_state(loss)
-        return {"loss": self.loss_tracker.result()}
+        return distribute.keras_logs({"loss": self.loss_tracker.result()})
 
     def test_step(self, data):
-        loss = self.compute_task_loss(_batch_dict(data), training=False)
+        loss = self._global_loss(_batch_dict(data), training=False)
         self.loss_tracker.update_state(loss)
-        return {"loss": self.loss_tracker.result()}
+        return distribute.keras_logs({"loss": self.loss_tracker.result()})
 
     @property
     def metrics(self):
