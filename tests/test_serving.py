@@ -1,0 +1,179 @@
+"""Serving helpers: in-graph validators, batch image decoding, the warm-up file."""
+import io
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from tf_twobranch import serving
+from tf_twobranch.errors import ConfigError, DataFormatError
+
+IA = tf.errors.InvalidArgumentError
+
+
+def _says(message, then=None):
+    """Regex for an assertion message, optionally followed by a value.
+
+    Eager and graph assertions print the data differently
+    (``b'msg'\n2, 4`` versus ``[msg] [2 4]``).
+    """
+    pattern = re.escape(message)
+    return pattern + r"['\]\s\[]*" + then if then else pattern
+
+
+def _encode(image, fmt="JPEG"):
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, format=fmt, quality=95)
+    return out.getvalue()
+
+
+def _image(seed, height=20, width=30, channels=3):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (height, width, channels) if channels > 1 else (height, width), dtype=np.uint8)
+
+
+def test_validate_strings():
+    out = serving.validate_strings(tf.constant(["a dog", "b"]), "captions")
+    assert out.numpy().tolist() == [b"a dog", b"b"]
+    with pytest.raises(IA, match=_says("captions must be non-empty strings; got an empty or whitespace-only string at index", "2")):
+        serving.validate_strings(tf.constant(["a", "b", " \t "]), "captions")
+    with pytest.raises(IA, match=r"captions must have shape \(batch,\); got a tensor of rank"):
+        serving.validate_strings(tf.constant([["a"]]), "captions")
+    with pytest.raises(IA, match=r"captions must have shape \(batch,\)"):
+        serving.validate_strings(tf.constant("a"), "captions")
+    with pytest.raises(IA, match="captions is empty"):
+        serving.validate_strings(tf.zeros([0], tf.string), "captions")
+
+
+def test_validate_features_in_a_graph():
+    @tf.function(input_signature=[serving.feature_batch_spec("image_features")])
+    def f(x):
+        out = serving.validate_features(x, 3, "image_features")
+        assert out.shape.as_list() == [None, 3]   # static shape for the layers after it
+        return out * 2
+
+    np.testing.assert_allclose(f(tf.ones([2, 3])), 2 * np.ones((2, 3)))
+    with pytest.raises(IA, match=_says("image_features must have shape (batch, 3); got shape", "2,? 4")):
+        f(tf.ones([2, 4]))
+    with pytest.raises(IA, match=r"image_features must have shape \(batch, 3\); got a tensor of rank"):
+        f(tf.ones([3]))
+    with pytest.raises(IA, match="image_features is empty"):
+        f(tf.ones([0, 3]))
+    bad = np.ones((3, 3), np.float32)
+    bad[1, 2] = np.inf
+    with pytest.raises(IA, match=_says("image_features contains NaN or inf values; first bad row:", "1")):
+        f(tf.constant(bad))
+
+
+def test_decode_jpeg_batch_matches_decoder_and_resize():
+    rgb, rgba, grey = _image(0), _image(1, channels=4), _image(2, channels=1)
+    batch = [_encode(rgb), _encode(rgba, "PNG"), _encode(grey, "PNG")]
+    out = serving.decode_jpeg_batch(tf.constant(batch), 8, "image_jpeg").numpy()
+    assert out.shape == (3, 8, 8, 3) and out.dtype == np.float32
+    assert out.min() >= 0 and out.max() <= 255
+    decoded = tf.io.decode_jpeg(batch[0], channels=3, dct_method="INTEGER_ACCURATE")
+    want = tf.image.resize(tf.cast(decoded, tf.float32), [8, 8], antialias=True).numpy()
+    np.testing.assert_allclose(out[0], want, atol=1e-4)
+    want_png = tf.image.resize(rgba[:, :, :3].astype(np.float32), [8, 8], antialias=True).numpy()
+    np.testing.assert_allclose(out[1], want_png, atol=1e-3)  # alpha dropped
+    np.testing.assert_allclose(out[2][..., 0], out[2][..., 1])  # grey -> RGB
+    assert serving.decode_jpeg_batch(tf.constant(batch[:1]), (6, 10), "x").shape == (1, 6, 10, 3)
+
+
+def test_decode_jpeg_batch_errors_name_input_and_index():
+    good = _encode(_image(0))
+    with pytest.raises(IA, match="(?s)" + _says("image_jpeg: cannot decode image; expected JPEG or PNG bytes")
+                       + ".*" + _says("first bad element index:", "2")):
+        serving.decode_jpeg_batch(tf.constant([good, good, b"GIF89a....", good]), 8, "image_jpeg")
+    with pytest.raises(IA, match=r"image_jpeg must have shape \(batch,\) of encoded image bytes"):
+        serving.decode_jpeg_batch(tf.constant(good), 8, "image_jpeg")
+    with pytest.raises(IA, match="image_jpeg is empty"):
+        serving.decode_jpeg_batch(tf.zeros([0], tf.string), 8, "image_jpeg")
+    with pytest.raises(ConfigError, match="image size"):
+        serving.decode_jpeg_batch(tf.constant([good]), 0, "image_jpeg")
+
+
+def _fields(buffer):
+    """Minimal protobuf wire-format reader: [(field number, bytes or int)]."""
+    out, i = [], 0
+    def varint():
+        nonlocal i
+        value, shift = 0, 0
+        while True:
+            byte = buffer[i]; i += 1
+            value |= (byte & 0x7F) << shift; shift += 7
+            if byte < 0x80:
+                return value
+    while i < len(buffer):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 2:
+            n = varint(); out.append((number, buffer[i:i + n])); i += n
+        elif wire == 0:
+            out.append((number, varint()))
+        else:
+            raise AssertionError(f"unexpected wire type {wire}")
+    return out
+
+
+def test_warmup_file_round_trips_and_uses_tf_serving_field_numbers(tmp_path):
+    jpeg = _encode(_image(0))
+    requests = [("embed_texts", {"captions": ["a dog runs", "ein Hund läuft"]}),
+                ("embed_images", {"image_features": np.arange(6, dtype=np.float64).reshape(2, 3)}),
+                ("score_proposals", {"image_jpeg": jpeg, "proposals": [[0.0, 0.0, 5.0, 5.0]],
+                                     "phrases": ["a dog"]})]
+    path = serving.write_warmup_requests(tmp_path / "model", requests, model_name="two_branch")
+    assert path == tmp_path / "model" / "assets.extra" / "tf_serving_warmup_requests"
+    back = serving.read_warmup_requests(tmp_path / "model")
+    assert [name for name, _ in back] == ["embed_texts", "embed_images", "score_proposals"]
+    assert back[0][1]["captions"].tolist() == [b"a dog runs", "ein Hund läuft".encode()]
+    np.testing.assert_array_equal(back[1][1]["image_features"], np.arange(6).reshape(2, 3))
+    assert back[1][1]["image_features"].dtype == np.float32
+    assert back[2][1]["image_jpeg"].shape == () and back[2][1]["image_jpeg"].item() == jpeg
+    assert back[2][1]["proposals"].shape == (1, 4)
+    # Independent of the runtime-built classes: PredictionLog.predict_log = 6,
+    # PredictLog.request = 1, PredictRequest.model_spec = 1 / inputs = 2,
+    # ModelSpec.name = 1 / signature_name = 3 (tensorflow_serving/apis/*.proto).
+    from tensorflow.core.framework import tensor_pb2
+    record = next(iter(tf.data.TFRecordDataset(str(path)))).numpy()
+    [(six, predict_log)] = _fields(record)
+    [(one, request)] = _fields(predict_log)
+    assert (six, one) == (6, 1)
+    fields = _fields(request)
+    spec = dict(_fields(dict(fields)[1]))
+    assert spec == {1: b"two_branch", 3: b"embed_texts"}
+    [entry] = [value for number, value in fields if number == 2]
+    entry = dict(_fields(entry))
+    assert entry[1] == b"captions"
+    assert tf.make_ndarray(tensor_pb2.TensorProto.FromString(entry[2])).tolist() == [
+        b"a dog runs", "ein Hund läuft".encode()]
+
+
+def test_warmup_errors(tmp_path):
+    with pytest.raises(ConfigError, match="at least one request"):
+        serving.write_warmup_requests(tmp_path, [])
+    with pytest.raises(ConfigError, match="'x'.*non-empty"):
+        serving.write_warmup_requests(tmp_path, [("s", {"x": []})])
+    with pytest.raises(DataFormatError, match="does not exist"):
+        serving.read_warmup_requests(tmp_path / "nothing")
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"not a tfrecord file at all")
+    with pytest.raises(DataFormatError, match="not a TFRecord"):
+        serving.read_warmup_requests(bad)
+
+
+def test_run_warmup_requests_checks_names():
+    @tf.function(input_signature=[serving.string_batch_spec("captions")])
+    def lengths(texts):
+        return {"length": tf.strings.length(serving.validate_strings(texts, "captions"))}
+
+    out = serving.run_warmup_requests({"lengths": lengths}, [("lengths", {"captions": ["ab", "c"]})])
+    assert out[0]["length"].tolist() == [2, 1]
+    with pytest.raises(ConfigError, match="unknown signature"):
+        serving.run_warmup_requests({"lengths": lengths}, [("embed", {"captions": ["a"]})])
+    with pytest.raises(ConfigError, match="expects"):
+        serving.run_warmup_requests({"lengths": lengths}, [("lengths", {"phrases": ["a"]})])
+    with pytest.raises(IA, match="non-empty"):
+        serving.run_warmup_requests({"lengths": lengths}, [("lengths", {"captions": [""]})])
