@@ -48,6 +48,10 @@ def define_run_flags(fv, *, export_help: str, paper_results_help: str) -> None:
     d = dict(flag_values=fv)
     flags.DEFINE_enum("strategy", "default", ["default", "mirrored", "multi_worker", "tpu"],
                       "tf.distribute strategy.", **d)
+    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"],
+                      "Compute precision of the towers (variables and losses stay float32); "
+                      "mixed_bfloat16 on CPU/GPU, mixed_float16 on GPU only.", **d)
+    flags.DEFINE_bool("jit_compile", False, "XLA-compile the whole training step.", **d)
     flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
     flags.DEFINE_integer("verbose", 1, "Keras progress bar (0 = silent).", **d)
     flags.DEFINE_string("run_dir", "", "Run directory (default runs/<row_name>).", **d)

@@ -200,6 +200,8 @@ def run(f) -> dict:
         import keras
         keras.utils.set_random_seed(f.seed)
         from tf_twobranch.models.two_branch import build_model
+        from tf_twobranch.speed import set_precision
+        set_precision(f.precision)
         with strategy.scope():
             model = build_model(config)
         if f.model == "embedding":
@@ -221,6 +223,8 @@ def run(f) -> dict:
         run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
                       "flags": f.flag_values_dict(), "dataset_dir": str(dataset_dir)}
         trainer.prepare_run_dir(run_dir, run_config)
+        with strategy.scope():
+            model.compile(optimizer=trainer.make_optimizer(tcfg, steps), jit_compile=f.jit_compile)
         history = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps)
         if history.history.get("loss"):
             record["final_loss"] = float(history.history["loss"][-1])

@@ -239,6 +239,8 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     tcfg.validate()
     keras.utils.set_random_seed(f.seed)
     strategy = trainer.get_strategy(f.strategy)
+    from tf_twobranch.speed import set_precision
+    set_precision(f.precision)
     with strategy.scope():
         model = build_model(config)
     run_config = {"model": config.to_dict(), "train": tcfg.__dict__, "flags": f.flag_values_dict(),
@@ -247,6 +249,8 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     info = {"stages": []}
     sampler = _sampler(f, data, f.seed)
     steps = sampler.steps_per_epoch
+    with strategy.scope():
+        model.compile(optimizer=trainer.make_optimizer(tcfg, steps), jit_compile=f.jit_compile)
     history = trainer.train(model, _distributed(strategy, sampler, data), tcfg, run_dir,
                             steps_per_epoch=steps)
     info["stages"].append({"name": "main", "epochs": f.epochs, "loss": history.history["loss"]})

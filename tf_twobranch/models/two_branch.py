@@ -160,7 +160,8 @@ class TwoBranchModel(keras.Model):
         """
         super().compile(optimizer=optimizer, **kwargs)
         if xla_optimizer_update is None:
-            xla_optimizer_update = tf.distribute.get_strategy().num_replicas_in_sync == 1
+            xla_optimizer_update = (tf.distribute.get_strategy().num_replicas_in_sync == 1
+                                    and kwargs.get("jit_compile") is not True)
         self._xla_apply = None
         if xla_optimizer_update:
             self.optimizer.build(self.trainable_variables)
