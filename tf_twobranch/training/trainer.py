@@ -5,7 +5,8 @@ A run directory holds everything needed to rebuild the model:
     run_dir/
       run_config.json          model config + training flags + data provenance
       checkpoints/epoch_XXXX.weights.h5, latest.weights.h5
-      backup/                  BackupAndRestore state (resume after preemption)
+      backup/epochs_A_B/       state of an unfinished train() call (resume after
+                               preemption at the exact step; see `train`)
       logs/                    TensorBoard
       results.json             evaluation results (written by experiments)
       export/                  SavedModel (written by tf_twobranch.export)
@@ -20,6 +21,7 @@ import shutil
 import tempfile
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -65,6 +67,12 @@ class TrainConfig:
     seed: int = 0
     strategy: str = "default"
     verbose: int = 1
+    # Preemption: also back up every this many steps within an epoch
+    # (0: at epoch ends only). A backup costs one weights write.
+    backup_every_steps: int = 0
+    # Deterministic kernels + seeded RNGs at the start of train(), so that a
+    # resumed run ends with the same weights as an uninterrupted one.
+    deterministic: bool = False
 
     def validate(self):
         if self.epochs < 1:
@@ -78,6 +86,8 @@ class TrainConfig:
             raise ConfigError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.backup_every_steps < 0:
+            raise ConfigError(f"backup_every_steps must be >= 0, got {self.backup_every_steps}")
 
 
 def make_optimizer(cfg: TrainConfig, steps_per_epoch: int) -> keras.optimizers.Optimizer:
@@ -123,53 +133,388 @@ def prepare_run_dir(run_dir, run_config: dict) -> pathlib.Path:
     return run_dir
 
 
+TMP_PREFIX = ".tmp_"
+
+
+def make_deterministic(seed: int) -> None:
+    """Deterministic kernels and seeded Python/NumPy/TF/Keras RNGs (process-wide).
+
+    Call it before building the model so that the initial weights (and the
+    dropout seed generators) are the same in every run of the same command.
+    """
+    tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(seed)
+
+
+def _fsync(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_weights_atomic(model: keras.Model, path) -> pathlib.Path:
+    """Writes `model.save_weights` to a temp file beside `path`, then renames it.
+
+    A process killed mid-write leaves at most a `.tmp_*` file; `path` is
+    either the previous complete file or the new complete one.
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}_{path.name}"  # keeps the .weights.h5 suffix
+    try:
+        model.save_weights(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def copy_file_atomic(src, dst) -> pathlib.Path:
+    """Copies `src` to `dst` through a temp file in `dst`'s directory and a rename."""
+    dst = pathlib.Path(dst)
+    tmp = dst.parent / f"{TMP_PREFIX}{os.getpid()}_{dst.name}"
+    try:
+        shutil.copyfile(src, tmp)
+        _fsync(tmp)
+        os.replace(tmp, dst)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return dst
+
+
+def remove_stale_temp_files(directory) -> None:
+    """Deletes `.tmp_*` files a killed process left behind."""
+    directory = pathlib.Path(directory)
+    if directory.is_dir():
+        for stale in directory.glob(f"{TMP_PREFIX}*"):
+            stale.unlink(missing_ok=True)
+
+
+def weights_are_finite(model: keras.Model) -> bool:
+    """True when no trainable weight is NaN or infinite."""
+    return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in model.trainable_variables)
+
+
+def _float_log(logs, key="loss"):
+    if not logs or key not in logs:
+        return None
+    return float(np.asarray(logs[key]))
+
+
+class NonFiniteLossGuard(keras.callbacks.Callback):
+    """Stops training at the first batch whose loss is NaN or infinite.
+
+    Unlike `keras.callbacks.TerminateOnNaN` it records where it happened, and
+    the checkpoint/backup callbacks of `train` consult it so that weights
+    updated with a non-finite loss are never written over the last good ones.
+    Put it first in the callback list.
+    """
+
+    def __init__(self, steps_per_epoch: int, first_batch: int = 0):
+        super().__init__()
+        self.steps_per_epoch = steps_per_epoch
+        self.first_batch = first_batch  # batch offset of a resumed, partial epoch
+        self.failure: dict | None = None
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.first_batch = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = _float_log(logs)
+        if loss is not None and not np.isfinite(loss) and self.failure is None:
+            self.failure = {"epoch": self._epoch + 1,                      # 1-based
+                            "batch": self.first_batch + batch + 1,        # 1-based in the epoch
+                            "loss": loss}
+            self.model.stop_training = True
+
+    def ok(self) -> bool:
+        return self.failure is None
+
+
 class _AtomicEpochCheckpoint(keras.callbacks.Callback):
     """Writes weights each epoch to a temp file then renames it (never half-written)."""
 
-    def __init__(self, directory: pathlib.Path, keep: int = 3):
+    def __init__(self, directory: pathlib.Path, keep: int = 3,
+                 guard: NonFiniteLossGuard | None = None):
         super().__init__()
         self.directory = directory
         self.keep = keep
+        self.guard = guard
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.guard is not None and not self.guard.ok():
+            return  # the weights of this epoch are not good; keep the last good ones
+        if not weights_are_finite(self.model):
+            return
         self.directory.mkdir(parents=True, exist_ok=True)
-        for name in (f"epoch_{epoch + 1:04d}.weights.h5", "latest.weights.h5"):
-            tmp = self.directory / f".tmp_{name}"
-            self.model.save_weights(tmp)
-            os.replace(tmp, self.directory / name)
+        path = save_weights_atomic(self.model, self.directory / f"epoch_{epoch + 1:04d}.weights.h5")
+        copy_file_atomic(path, self.directory / "latest.weights.h5")
         epochs = sorted(self.directory.glob("epoch_*.weights.h5"))
         for old in epochs[:-self.keep]:
             old.unlink()
 
 
-def train(model: TwoBranchModel, dataset: tf.data.Dataset, cfg: TrainConfig, run_dir,
+class TrainingBackup(keras.callbacks.Callback):
+    """Backup of one `train()` call, restorable at the exact step (preemption safety).
+
+    Keras 3's `BackupAndRestore` restores the weights but restarts the
+    interrupted epoch from its first batch (and with the data stream at step
+    0), and does not save the dropout seed generators' state; so a resumed
+    run differs from an uninterrupted one. This backup stores, atomically:
+
+      <directory>/step_XXXXXXXXX.weights.h5  weights + optimizer state (Adam moments,
+                                             iterations, learning rate)
+      <directory>/state.json                 epoch, batch within it, step of the call,
+                                             seed generator states, loss-metric state,
+                                             per-epoch history; names the weights file
+
+    `state.json` is replaced only after its weights file is complete, and the
+    previous weights file is deleted only after that, so a kill at any point
+    leaves a consistent backup. Nothing is saved once `guard` saw a
+    non-finite loss, or when the weights are not finite.
+    """
+
+    def __init__(self, directory: pathlib.Path, *, steps_per_epoch: int, initial_epoch: int,
+                 epochs: int, every_steps: int = 0, guard: NonFiniteLossGuard | None = None):
+        super().__init__()
+        self.directory = pathlib.Path(directory)
+        self.steps_per_epoch = steps_per_epoch
+        self.initial_epoch = initial_epoch
+        self.epochs = epochs
+        self.every_steps = every_steps
+        self.guard = guard
+        self.history: dict[str, list] = {}
+        self.first_batch = 0          # batch offset of the current (partial) epoch
+        self.restored_metrics = None  # loss-metric state to restore at the next epoch begin
+        self._epoch = initial_epoch
+        self.last_saved: dict | None = None
+
+    @property
+    def state_path(self) -> pathlib.Path:
+        return self.directory / "state.json"
+
+    # --- restore -------------------------------------------------------------------
+    def restore(self, model: keras.Model) -> dict | None:
+        """Loads the backup into `model` (built, with its optimizer); returns its state."""
+        remove_stale_temp_files(self.directory)
+        if not self.state_path.exists():
+            return None
+        try:
+            state = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserInputError(f"{self.state_path}: unreadable training backup ({e}); delete "
+                                 f"{self.directory} to start this run afresh") from None
+        expected = {"steps_per_epoch": self.steps_per_epoch,
+                    "initial_epoch": self.initial_epoch, "epochs": self.epochs}
+        if any(state.get(k) != v for k, v in expected.items()):
+            raise UserInputError(
+                f"{self.state_path}: the backup was written by a run with "
+                f"{ {k: state.get(k) for k in expected} }, this run has {expected}; delete "
+                f"{self.directory} to start afresh or rerun with the original settings")
+        weights = self.directory / state["weights"]
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        model.load_weights(weights)
+        seeds = _seed_generator_states(model)
+        if len(seeds) != len(state["seed_generators"]):
+            raise UserInputError(f"{self.state_path}: the backup has "
+                                 f"{len(state['seed_generators'])} random seed generators, the "
+                                 f"model {len(seeds)}; it belongs to another model")
+        for var, value in zip(seeds, state["seed_generators"]):
+            var.assign(np.asarray(value, dtype=var.dtype))
+        iterations = int(model.optimizer.iterations.numpy())
+        if iterations != state["optimizer_iterations"]:
+            raise UserInputError(f"{weights}: optimizer step {iterations} does not match "
+                                 f"{self.state_path} ({state['optimizer_iterations']})")
+        self.history = {k: list(v) for k, v in state["history"].items()}
+        self.restored_metrics = state["metrics"] if state["batch"] else None
+        self.last_saved = state
+        return state
+
+    # --- save ----------------------------------------------------------------------
+    def _save(self, epoch: int, batch: int) -> None:
+        """Backs up the state after `batch` batches of 0-based `epoch`."""
+        if (self.guard is not None and not self.guard.ok()) or not weights_are_finite(self.model):
+            return
+        if batch == self.steps_per_epoch:
+            epoch, batch = epoch + 1, 0
+        call_step = (epoch - self.initial_epoch) * self.steps_per_epoch + batch
+        name = f"step_{call_step:09d}.weights.h5"
+        save_weights_atomic(self.model, self.directory / name)
+        state = {
+            "epoch": epoch, "batch": batch, "call_step": call_step,
+            "steps_per_epoch": self.steps_per_epoch, "initial_epoch": self.initial_epoch,
+            "epochs": self.epochs,
+            "optimizer_iterations": int(self.model.optimizer.iterations.numpy()),
+            "weights": name,
+            "seed_generators": [v.numpy().tolist() for v in _seed_generator_states(self.model)],
+            "metrics": [[v.numpy().tolist() for v in m.variables] for m in self.model.metrics],
+            "history": self.history,
+        }
+        write_json_atomic(self.state_path, state)
+        for old in self.directory.glob("step_*.weights.h5"):
+            if old.name != name:
+                old.unlink(missing_ok=True)
+        self.last_saved = state
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self.restored_metrics is not None:
+            # fit() has just reset the metrics; the resumed epoch continues
+            # the loss average of its first part.
+            for metric, values in zip(self.model.metrics, self.restored_metrics):
+                for var, value in zip(metric.variables, values):
+                    var.assign(np.asarray(value, dtype=var.dtype))
+            self.restored_metrics = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        done = self.first_batch + batch + 1
+        if self.every_steps and done < self.steps_per_epoch:
+            call_step = (self._epoch - self.initial_epoch) * self.steps_per_epoch + done
+            if call_step % self.every_steps == 0:
+                self._save(self._epoch, done)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.first_batch = 0
+        if self.guard is not None and not self.guard.ok():
+            return
+        for key, value in (logs or {}).items():
+            self.history.setdefault(key, []).append(float(np.asarray(value)))
+        self._save(epoch, self.steps_per_epoch)
+
+    def delete(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+        parent = self.directory.parent
+        if parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+
+
+def _seed_generator_states(model: keras.Model) -> list:
+    # Dropout draws its masks from SeedGenerator state variables, which
+    # `save_weights` does not store; a resumed run must continue them.
+    return [v for v in model.variables if v.path.endswith("seed_generator_state")]
+
+
+def _dataset_at(dataset, step: int) -> tf.data.Dataset:
+    """The training stream from `step` (counted from the start of this train() call)."""
+    if isinstance(dataset, tf.data.Dataset):
+        # Runs the pipeline over the skipped batches; a factory can do better.
+        return dataset.skip(step) if step else dataset
+    if callable(dataset):
+        return dataset(step)
+    raise ConfigError(f"train() needs a tf.data.Dataset or a function start_step -> Dataset, "
+                      f"got {type(dataset).__name__}")
+
+
+def train(model: TwoBranchModel, dataset, cfg: TrainConfig, run_dir,
           *, steps_per_epoch: int, extra_callbacks=(), initial_epoch: int = 0,
           epochs: int | None = None) -> keras.callbacks.History:
-    """Fits `model` on an infinite dataset with checkpoints, backup and logs."""
+    """Fits `model` on an infinite dataset with checkpoints, backup and logs.
+
+    `dataset` is an infinite `tf.data.Dataset` whose element i is the batch of
+    step i of this call, or a function `start_step -> Dataset` giving the
+    stream from `start_step` on (cheaper to resume than `Dataset.skip`).
+
+    Preemption: a run killed at any point (even SIGKILL mid-epoch) and started
+    again with the same command resumes from the last backup (every
+    `cfg.backup_every_steps` steps and at each epoch end) at the exact step:
+    weights, optimizer state, dropout seed state, the data stream and the
+    epoch's running loss continue where the backup was taken, so with
+    `cfg.deterministic` the final weights equal an uninterrupted run's.
+    A completed call deletes its backup. The returned History covers all
+    epochs of the call (also those before a resume) and has `resumed_from`.
+
+    Raises `UserInputError` when the loss becomes NaN/infinite; the last good
+    checkpoint and the backup are kept, and the message names them.
+    """
     cfg.validate()
+    end_epoch = epochs or cfg.epochs
+    if cfg.deterministic:
+        make_deterministic(cfg.seed)
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir = run_dir / "checkpoints"
+    remove_stale_temp_files(checkpoint_dir)
     if getattr(model, "optimizer", None) is None or not model.compiled:
         model.compile(optimizer=make_optimizer(cfg, steps_per_epoch))
+    guard = NonFiniteLossGuard(steps_per_epoch)
+    # One backup directory per train() call, so that a multi-stage run does
+    # not restore one stage's state into another.
+    backup = TrainingBackup(run_dir / "backup" / f"epochs_{initial_epoch:04d}_{end_epoch:04d}",
+                            steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch,
+                            epochs=end_epoch, every_steps=cfg.backup_every_steps, guard=guard)
+    state = backup.restore(model)
+    start_epoch, start_batch = initial_epoch, 0
+    if state is not None:
+        start_epoch, start_batch = state["epoch"], state["batch"]
+        logging.info("%s: resuming from the backup at epoch %d, batch %d (step %d of this stage)",
+                     run_dir, start_epoch + 1, start_batch, state["call_step"])
     callbacks = [
-        # The backup exists only while a run is unfinished: a run killed
-        # mid-epoch resumes from it; a finished run deletes it.
-        keras.callbacks.BackupAndRestore(str(run_dir / "backup"), delete_checkpoint=True),
-        _AtomicEpochCheckpoint(run_dir / "checkpoints"),
+        guard,
+        backup,
+        _AtomicEpochCheckpoint(checkpoint_dir, guard=guard),
         keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch",
                                     write_graph=False),
-        keras.callbacks.TerminateOnNaN(),
         *extra_callbacks,
     ]
-    history = model.fit(dataset, epochs=epochs or cfg.epochs, steps_per_epoch=steps_per_epoch,
-                        initial_epoch=initial_epoch, callbacks=callbacks, verbose=cfg.verbose)
-    losses = history.history.get("loss", [])
-    if losses and not all(map(lambda v: v == v, losses)):  # NaN check
-        raise UserInputError(
-            f"training produced a NaN loss; the last good weights are in "
-            f"{run_dir / 'checkpoints'} (check the input features for extreme values "
-            f"or lower the learning rate)")
+    # A resumed mid-epoch backup first finishes its epoch with a shorter fit.
+    segments = []
+    if start_batch:
+        segments.append((start_epoch, start_epoch + 1, steps_per_epoch - start_batch, start_batch))
+        start_epoch += 1
+    if start_epoch < end_epoch:
+        segments.append((start_epoch, end_epoch, steps_per_epoch, 0))
+    last = None
+    for first, stop, steps, first_batch in segments:
+        guard.first_batch = backup.first_batch = first_batch
+        call_step = (first - initial_epoch) * steps_per_epoch + first_batch
+        last = model.fit(_dataset_at(dataset, call_step), epochs=stop, steps_per_epoch=steps,
+                         initial_epoch=first, callbacks=callbacks, verbose=cfg.verbose)
+        if not guard.ok():
+            break
+    if not guard.ok():
+        raise UserInputError(_non_finite_message(guard.failure, steps_per_epoch, initial_epoch,
+                                                 checkpoint_dir, backup))
+    backup.delete()
+    history = keras.callbacks.History()
+    history.set_model(model)
+    history.history = dict(backup.history)
+    done = max((len(v) for v in history.history.values()), default=0)
+    history.epoch = list(range(end_epoch - done, end_epoch))
+    history.params = last.params if last is not None else {}
+    # Where this call resumed from (None: a fresh start), for logs and tests.
+    history.resumed_from = (None if state is None else
+                            {k: state[k] for k in ("epoch", "batch", "call_step")})
     return history
+
+
+def _non_finite_message(failure: dict, steps_per_epoch: int, initial_epoch: int,
+                        checkpoint_dir: pathlib.Path, backup: TrainingBackup) -> str:
+    step = (failure["epoch"] - 1 - initial_epoch) * steps_per_epoch + failure["batch"]
+    latest = checkpoint_dir / "latest.weights.h5"
+    if latest.exists():
+        good = f"the last good checkpoint is {latest}"
+        epochs = sorted(checkpoint_dir.glob("epoch_*.weights.h5"))
+        if epochs:
+            good += f" (= {epochs[-1].name})"
+    else:
+        good = f"no epoch checkpoint was written yet ({checkpoint_dir} has none)"
+    if backup.last_saved is not None:
+        good += (f"; the backup {backup.directory / backup.last_saved['weights']} "
+                 f"(step {backup.last_saved['call_step']}) was kept")
+    return (f"training stopped: the loss became {failure['loss']} at epoch {failure['epoch']}, "
+            f"batch {failure['batch']}/{steps_per_epoch} (step {step} of this stage); {good}. "
+            f"Check the input features for NaN or extreme values, or lower the learning rate "
+            f"and run again")
 
 
 def load_trained_model(run_dir, checkpoint: str = "latest") -> tuple[TwoBranchModel, dict]:
