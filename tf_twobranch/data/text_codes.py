@@ -185,6 +185,7 @@ class TokenCoder(keras.layers.Layer):
     """
 
     def __init__(self, vocabulary: Sequence[str], max_len: int | None = None, **kwargs):
+        kwargs.pop("trainable", None)  # always frozen; get_config stores it
         super().__init__(trainable=False, **kwargs)
         self.vocabulary = _check_vocabulary(vocabulary)
         if max_len is not None and int(max_len) < 1:

@@ -624,8 +624,10 @@ def _check_batch(data: DualPathData, batch_size: int, num_negative_captions: int
                           f"({data.num_images}) of {data.source or 'the split'}")
     if num_negative_captions < 0:
         raise ConfigError(f"num_negative_captions must be >= 0, got {num_negative_captions}")
-    if num_negative_captions and data.num_classes < 2:
-        raise ConfigError("negative captions need at least two classes")
+    if num_negative_captions and data.num_classes <= batch_size:
+        raise ConfigError(f"negative captions come from classes outside the batch; with "
+                          f"{data.num_classes} classes the batch size must be smaller than that, "
+                          f"got {batch_size}")
     empty = [i for i, c in enumerate(data.codes) if len(c) == 0]
     if empty:
         i = empty[0]
@@ -641,8 +643,8 @@ def global_batch_indices(data: DualPathData, *, batch_size: int = 32, seed: int 
     The index batch: ``step`` (scalar), ``image_index`` (B,), ``text_index``
     (B,) -- a random caption of the image's class -- and, with negatives,
     ``negative_text_index`` (N,): one random caption each of N random
-    training images whose class is not in the batch (redrawn up to 8 times;
-    a remaining clash keeps its true label, see ``negative_label``).
+    training images (with replacement, as the reference's ``randi``) whose
+    class is not in the batch.
     Deterministic in (seed, step); image order is a fresh permutation of
     the images each epoch.
     """
@@ -665,15 +667,14 @@ def global_batch_indices(data: DualPathData, *, batch_size: int = 32, seed: int 
         out = {"step": step, "image_index": images, "text_index": text}
         if num_negative_captions:
             n = num_negative_captions
-            neg_images = tf.random.stateless_uniform([n], seed=tf.stack([seed64 + 104729, step]),
-                                                     maxval=num_images, dtype=tf.int64)
-            for r in range(8):
-                neg_class = tf.cast(tf.gather(tables.image_class, neg_images), tf.int64)
-                clash = tf.reduce_any(tf.equal(neg_class[:, None], classes[None, :]), axis=1)
-                redraw = tf.random.stateless_uniform(
-                    [n], seed=tf.stack([seed64 + 104729 + r + 1, step]), maxval=num_images,
-                    dtype=tf.int64)
-                neg_images = tf.where(clash, redraw, neg_images)
+            # Uniform over the training images whose class is not in the batch.
+            in_batch = tf.scatter_nd(classes[:, None], tf.ones_like(classes, tf.int32),
+                                     [data.num_classes]) > 0
+            allowed = tf.where(~tf.gather(in_batch, tables.image_class))[:, 0]
+            pick = tf.random.stateless_uniform([n], seed=tf.stack([seed64 + 104729, step]),
+                                               maxval=tf.shape(allowed, out_type=tf.int64)[0],
+                                               dtype=tf.int64)
+            neg_images = tf.gather(allowed, pick)
             u = tf.random.stateless_uniform([n], seed=tf.stack([seed64 + 15485863, step]))
             count = tf.gather(tables.image_caption_count, neg_images)
             pick = tf.minimum(tf.cast(tf.floor(u * tf.cast(count, tf.float32)), tf.int64), count - 1)
