@@ -325,3 +325,25 @@ def test_real_vocabulary_with_word_vectors(realdata):
     restricted = build_text_vocabulary(tokens, vectors)
     assert len(full) > 4000
     assert set(restricted[2:]) == set(known)
+
+
+def test_word_vector_file_restricts_the_dictionary(tiny, tmp_path):
+    from tf_twobranch.features.word_vectors import WordVectors, save_word_vectors
+
+    known = ["red", "dog", "cat", "grass", "runs"]
+    path = tmp_path / "vectors.txt"
+    save_word_vectors(path, WordVectors(known, np.ones((5, 3), np.float32)), binary=False)
+    data = dp.dual_path_data_from_retrieval(tiny, word_vectors=path, max_len=12,
+                                            validate="header")
+    assert set(data.vocabulary[2:]) <= set(known)
+    assert all(set(c.tolist()) <= set(range(2, len(data.vocabulary))) for c in data.codes)
+
+
+def test_distributed_train_dataset_single_replica(tiny_data):
+    strategy = tf.distribute.get_strategy()
+    ds = dp.distributed_train_dataset(strategy, tiny_data, batch_size=4, resize_to=RESIZE,
+                                      crop_size=CROP, seed=5)
+    single = dp.train_dataset(tiny_data, batch_size=4, resize_to=RESIZE, crop_size=CROP, seed=5)
+    a, b = next(iter(ds)), next(iter(single.dataset))
+    for key in ("image", "token_ids", "label"):
+        np.testing.assert_array_equal(a[key], b[key])

@@ -60,7 +60,7 @@ __all__ = [
     "DualPathData", "dual_path_data_from_retrieval", "dual_path_data_from_pedes",
     "validate_image_files", "check_num_classes",
     "TrainData", "steps_per_epoch", "global_batch_indices", "index_batches", "batch_loader",
-    "train_dataset", "TestData", "test_datasets",
+    "train_dataset", "distributed_train_dataset", "TestData", "test_datasets",
 ]
 
 TEXT_SHIFTS = ("position_shift", "left_align")
@@ -452,7 +452,8 @@ def dual_path_data_from_retrieval(dataset_dir, caption_format: str = "auto", spl
       max_len: text input length (32 in the paper).
       long_captions: "error" or "clip" (see `check_caption_lengths`).
       max_images: keep only the split's first `max_images` images (slices
-        for smoke tests).
+        for smoke tests; the dictionary still comes from the whole training
+        split).
       validate: image checks, see `validate_image_files`.
 
     The class of an image is its index in the split (for training: one class
@@ -472,8 +473,9 @@ def dual_path_data_from_retrieval(dataset_dir, caption_format: str = "auto", spl
         corpus = corpus.subset(corpus.image_ids[:max_images], source=corpus.source)
     if corpus.num_images == 0:
         raise DataFormatError(corpus.source or dataset_dir, f"split {split!r} has no images")
-    train = corpora["train"] if split != "train" or max_images is None else corpus
-    vocabulary = _vocabulary(train.captions, vocabulary, word_vectors, min_count)
+    # The dictionary always comes from the whole training split, so slices
+    # of different splits share it.
+    vocabulary = _vocabulary(corpora["train"].captions, vocabulary, word_vectors, min_count)
     source = corpus.source or str(dataset_dir)
     codes = _codes(corpus.captions, corpus.caption_image, corpus.image_ids, vocabulary, max_len,
                    long_captions, split, source)
@@ -774,6 +776,32 @@ def train_dataset(data: DualPathData, *, batch_size: int = 32, resize_to: int = 
                         text_shift=text_shift)
     dataset = indices.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return TrainData(dataset.prefetch(prefetch), steps_per_epoch(data, batch_size))
+
+
+def distributed_train_dataset(strategy: tf.distribute.Strategy, data: DualPathData, *,
+                              batch_size: int = 32, resize_to: int = 256, crop_size: int = 224,
+                              seed: int = 0, text_shift: str = "position_shift",
+                              num_negative_captions: int = 0, start_step: int = 0):
+    """`train_dataset` under a `tf.distribute` strategy (global batch of `batch_size`).
+
+    Global index batches are split between replicas first (``image_index``
+    / ``text_index`` rows; the negatives are shared by every replica), then
+    each replica loads only its rows, via
+    `tf_twobranch.distribute.distribute_global_batches`. Replica r's rows
+    equal rows r·B/R … (r+1)·B/R − 1 of the single-device batch.
+    """
+    from tf_twobranch.distribute import distribute_global_batches
+
+    replicas = strategy.num_replicas_in_sync
+    if batch_size % replicas:
+        raise ConfigError(f"batch_size={batch_size} is not divisible by the {replicas} replicas")
+    load = batch_loader(data, resize_to=resize_to, crop_size=crop_size, seed=seed,
+                        text_shift=text_shift)
+    return distribute_global_batches(
+        strategy,
+        lambda: index_batches(data, batch_size=batch_size, seed=seed,
+                              num_negative_captions=num_negative_captions, start_step=start_step),
+        lambda ds: ds.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(2))
 
 
 # --------------------------------------------------------------------------
