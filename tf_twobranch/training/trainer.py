@@ -460,8 +460,10 @@ def train(model: TwoBranchModel, dataset, cfg: TrainConfig, run_dir,
                      run_dir, start_epoch + 1, start_batch, state["call_step"])
     callbacks = [
         guard,
-        backup,
+        # The epoch checkpoint before the backup: a kill between the two
+        # redoes the epoch rather than skipping its checkpoint.
         _AtomicEpochCheckpoint(checkpoint_dir, guard=guard),
+        backup,
         keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch",
                                     write_graph=False),
         *extra_callbacks,
