@@ -1,14 +1,33 @@
-"""SavedModel export: towers and scoring, raw strings for the LSTM branch."""
+"""SavedModel export: towers and scoring, raw strings and JPEG bytes, validation, warm-up, saved_model_cli."""
+import io
 import json
+import os
+import pathlib
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 
+from tf_twobranch import serving
+from tf_twobranch.data.tokenize import tokenize_caption
+from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import export_saved_model
+from tf_twobranch.features.text_features import TfidfEncoder
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SAVED_MODEL_CLI = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
+# saved_model_cli with the tensorflow-text ops registered (graphs with string inputs).
+SAVED_MODEL_CLI_TEXT = [sys.executable, "-m", "tf_twobranch.serving"]
+IA = tf.errors.InvalidArgumentError
+SIGNATURES = ["embed_images", "embed_texts", "score", "serving_default"]
+CAPTIONS = ["a red seven on the left", "two blue threes above a green one", "a small yellow four",
+            "the blue four on the right", "a red three and a green seven"]
+IMAGE_SIZE = 12
 
 
 def _cfg(**kw):
@@ -18,9 +37,47 @@ def _cfg(**kw):
     return TwoBranchConfig(**base)
 
 
-def test_feature_towers_round_trip(tmp_path):
+def _jpeg(seed, height=20, width=16):
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def _run_concurrently(commands):
+    """Runs the CLI commands in parallel (each pays several seconds of TF start-up)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for c in commands]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        results.append((p.returncode, out, err))
+    return results
+
+
+@pytest.fixture(scope="module")
+def feature_export(tmp_path_factory):
     model = build_model(_cfg())
-    path = export_saved_model(model, tmp_path / "export")
+    return model, export_saved_model(model, tmp_path_factory.mktemp("features") / "export")
+
+
+@pytest.fixture(scope="module")
+def raw_input_export(tmp_path_factory):
+    """A model on tf-idf features and CNN features, exported to take captions and JPEG bytes."""
+    encoder = TfidfEncoder(max_features=20, stop_words=None).fit([tokenize_caption(c) for c in CAPTIONS])
+    pixels = keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3))
+    x = keras.layers.Conv2D(4, 3, activation="relu")(keras.layers.Rescaling(1 / 255.0)(pixels))
+    backbone = keras.Model(pixels, keras.layers.Dense(6)(keras.layers.GlobalAveragePooling2D()(x)))
+    model = build_model(_cfg(text_dim=encoder.output_dim))
+    path = export_saved_model(model, tmp_path_factory.mktemp("raw") / "export", text_encoder=encoder,
+                              image_backbone=backbone)
+    return model, encoder, backbone, path
+
+
+def test_feature_towers_round_trip(feature_export):
+    model, path = feature_export
     loaded = tf.saved_model.load(str(path))
     img = np.random.rand(3, 6).astype(np.float32)
     txt = np.random.rand(4, 5).astype(np.float32)
@@ -30,9 +87,32 @@ def test_feature_towers_round_trip(tmp_path):
     np.testing.assert_allclose(scores, model.embed_images(img) @ model.embed_texts(txt).T, atol=1e-5)
     cfg = json.loads((path / "assets.extra" / "run_config.json").read_text())
     assert cfg["model"]["image_dim"] == 6
-    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or inf"):
+    assert cfg["serving"]["embed_texts_input"] == "text_features"
+    with pytest.raises(IA, match="image_features contains NaN or inf values"):
         bad = img.copy(); bad[0, 0] = np.nan
         loaded.signatures["embed_images"](image_features=bad)
+
+
+@pytest.mark.parametrize("inputs,message", [
+    (dict(image_features=np.ones((2, 7), np.float32)), r"image_features must have shape \(batch, 6\)"),
+    (dict(image_features=np.ones((6,), np.float32)), r"image_features must have shape \(batch, 6\)"),
+    (dict(image_features=np.ones((0, 6), np.float32)), "image_features is empty"),
+    (dict(image_features=tf.constant(["a"])), "expected to be a float tensor but is a string tensor"),
+])
+def test_bad_feature_requests(feature_export, inputs, message):
+    loaded = tf.saved_model.load(str(feature_export[1]))
+    with pytest.raises(IA, match=message):
+        loaded.signatures["embed_images"](**inputs)
+
+
+def test_warmup_file_replays_on_the_loaded_model(feature_export):
+    _, path = feature_export
+    requests = serving.read_warmup_requests(path)
+    assert [name for name, _ in requests] == SIGNATURES
+    loaded = tf.saved_model.load(str(path))
+    for name, inputs in requests:
+        outputs = loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
+        assert all(np.isfinite(v.numpy()).all() for v in outputs.values())
 
 
 def test_similarity_network_scores(tmp_path):
@@ -45,7 +125,46 @@ def test_similarity_network_scores(tmp_path):
     np.testing.assert_allclose(scores, expected, atol=1e-5)
 
 
-def test_lstm_tower_takes_raw_strings_and_saved_model_cli(tmp_path):
+def _keras_image_embeddings(model, backbone, jpegs):
+    """The Keras path: PIL decode (= accurate-DCT JPEG decode), resize, backbone, image tower."""
+    resized = np.stack([tf.image.resize(np.asarray(Image.open(io.BytesIO(j)).convert("RGB"), np.float32),
+                                        [IMAGE_SIZE, IMAGE_SIZE], antialias=True).numpy() for j in jpegs])
+    return model.embed_images(backbone(resized, training=False).numpy())
+
+
+def test_captions_and_jpeg_inputs_match_keras(raw_input_export):
+    model, encoder, backbone, path = raw_input_export
+    import tensorflow_text  # noqa: F401  (tokenizer ops of the in-graph text encoder)
+    loaded = tf.saved_model.load(str(path))
+    jpegs = [_jpeg(0), _jpeg(1, 30, 40)]
+    images = loaded.signatures["embed_images"](image_jpeg=tf.constant(jpegs))["image_embedding"].numpy()
+    np.testing.assert_allclose(images, _keras_image_embeddings(model, backbone, jpegs), atol=1e-5)
+    texts = loaded.signatures["embed_texts"](captions=tf.constant(CAPTIONS[:3]))["text_embedding"].numpy()
+    want = model.embed_texts(encoder.transform([tokenize_caption(c) for c in CAPTIONS[:3]]))
+    np.testing.assert_allclose(texts, want, atol=1e-5)
+    scores = loaded.signatures["serving_default"](image_jpeg=tf.constant(jpegs),
+                                                  captions=tf.constant(CAPTIONS[:3]))["scores"].numpy()
+    np.testing.assert_allclose(scores, images @ texts.T, atol=1e-5)
+    with pytest.raises(IA, match="image_jpeg: cannot decode image; expected JPEG or PNG bytes"):
+        loaded.signatures["embed_images"](image_jpeg=tf.constant([jpegs[0], b"<html>not an image</html>"]))
+    with pytest.raises(IA, match="captions must be non-empty strings"):
+        loaded.signatures["embed_texts"](captions=tf.constant(["a dog", ""]))
+    with pytest.raises(IA, match=r"captions must have shape \(batch,\)"):
+        loaded.signatures["embed_texts"](captions=tf.constant([["a dog"]]))
+    assert [name for name, _ in serving.read_warmup_requests(path)] == SIGNATURES
+
+
+def test_incompatible_encoder_or_backbone(tmp_path):
+    encoder = TfidfEncoder(max_features=20, stop_words=None).fit([tokenize_caption(c) for c in CAPTIONS])
+    with pytest.raises(ConfigError, match="text_dim"):
+        export_saved_model(build_model(_cfg(text_dim=encoder.output_dim + 1)), tmp_path / "a",
+                           text_encoder=encoder)
+    backbone = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
+    with pytest.raises(ConfigError, match="image_dim"):
+        export_saved_model(build_model(_cfg()), tmp_path / "b", image_backbone=backbone)
+
+
+def test_lstm_tower_takes_raw_strings(tmp_path):
     vocab = ["<pad>", "<unk>", "a", "red", "seven"]
     model = build_model(_cfg(text_encoder="lstm", vocabulary=vocab, max_len=4, word_dim=3,
                              lstm_units=4))
@@ -54,9 +173,55 @@ def test_lstm_tower_takes_raw_strings_and_saved_model_cli(tmp_path):
     out = loaded.signatures["embed_texts"](captions=tf.constant(["a red seven", "A RED seven!"]))
     emb = out["text_embedding"].numpy()
     np.testing.assert_allclose(emb[0], emb[1], atol=1e-6)  # same tokens after normalisation
-    with pytest.raises(tf.errors.InvalidArgumentError, match="non-empty"):
+    np.testing.assert_allclose(emb, model.embed_texts(np.array([[2, 3, 4, 0]] * 2, np.int32)), atol=1e-5)
+    with pytest.raises(IA, match="non-empty"):
         loaded.signatures["embed_texts"](captions=tf.constant(["a red seven", "  "]))
-    show = subprocess.run([sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show",
-                           "--dir", str(path), "--all"], capture_output=True, text=True)
-    assert show.returncode == 0, show.stderr
-    assert "embed_texts" in show.stdout and "captions" in show.stdout
+
+
+@pytest.mark.slow
+def test_saved_model_cli_show_and_run(feature_export, raw_input_export, tmp_path):
+    """saved_model_cli returns the Keras embeddings; bad requests fail with the in-graph messages."""
+    model, feature_dir = feature_export
+    raw_model, encoder, backbone, raw_dir = raw_input_export
+    features = np.round(np.random.default_rng(0).random((2, 6)), 3)
+    nan_features = features.copy(); nan_features[1, 3] = np.nan
+    np.save(tmp_path / "nan.npy", nan_features.astype(np.float32))
+    jpegs = [_jpeg(2), _jpeg(3, 24, 24)]
+    np.save(tmp_path / "jpegs.npy", np.array(jpegs, dtype=object))
+
+    def run(cli, directory, signature, *args, outdir=None):
+        command = [*cli, "run", "--dir", str(directory), "--tag_set", "serve", "--signature_def", signature, *args]
+        return command + (["--outdir", str(outdir)] if outdir else [])
+
+    results = _run_concurrently([
+        [*SAVED_MODEL_CLI, "show", "--dir", str(raw_dir), "--all"],
+        run(SAVED_MODEL_CLI, feature_dir, "embed_images", "--input_exprs",
+            f"image_features={features.tolist()}", outdir=tmp_path / "features"),
+        run(SAVED_MODEL_CLI, feature_dir, "embed_images", "--inputs", f"image_features={tmp_path / 'nan.npy'}"),
+        run(SAVED_MODEL_CLI_TEXT, raw_dir, "score", "--inputs", f"image_jpeg={tmp_path / 'jpegs.npy'}",
+            "--input_exprs", f"captions={CAPTIONS[:3]}", outdir=tmp_path / "raw"),
+        run(SAVED_MODEL_CLI_TEXT, raw_dir, "embed_texts", "--input_exprs", 'captions=["a dog", " "]'),
+        run(SAVED_MODEL_CLI_TEXT, raw_dir, "embed_images", "--input_exprs", "image_jpeg=[b'GIF89a not a jpeg']"),
+    ])
+    rc, show, err = results[0]
+    assert rc == 0, err
+    for name in SIGNATURES:
+        assert f"signature_def['{name}']" in show
+    for name in ("image_jpeg", "captions"):   # dtype fixed, shape checked in the graph
+        assert f"inputs['{name}'] tensor_info:\n        dtype: DT_STRING\n        shape: unknown_rank" in show
+    assert "outputs['image_embedding'] tensor_info:\n        dtype: DT_FLOAT\n        shape: (-1, 4)" in show
+
+    rc, _, err = results[1]
+    assert rc == 0, err
+    np.testing.assert_allclose(np.load(tmp_path / "features" / "image_embedding.npy"),
+                               model.embed_images(features.astype(np.float32)), atol=1e-5)
+    rc, _, err = results[3]
+    assert rc == 0, err
+    texts = raw_model.embed_texts(encoder.transform([tokenize_caption(c) for c in CAPTIONS[:3]]))
+    np.testing.assert_allclose(np.load(tmp_path / "raw" / "scores.npy"),
+                               _keras_image_embeddings(raw_model, backbone, jpegs) @ texts.T, atol=1e-5)
+    for (rc, _, err), message in zip([results[2], results[4], results[5]], [
+            "image_features contains NaN or inf values; first bad row:] [1]",
+            "captions must be non-empty strings; got an empty or whitespace-only string at index] [1]",
+            "image_jpeg: cannot decode image; expected JPEG or PNG bytes"]):
+        assert rc != 0 and "InvalidArgumentError" in err and message in err, err[-2000:]

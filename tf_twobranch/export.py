@@ -98,6 +98,8 @@ class TwoBranchServingModule(tf.Module):
         text_spec = (serving.string_batch_spec(self.text_input) if self.text_input == "captions"
                      else serving.feature_batch_spec(self.text_input))
         self.similarity_head = model.similarity_head
+        serving.track_keras_variables(self, self.image_backbone, self.image_tower, self.text_layer,
+                                      self.text_tower, self.similarity_head)
 
         @tf.function(input_signature=[image_spec])
         def embed_images(images):

@@ -188,6 +188,8 @@ class RegionPhraseServingModule(tf.Module):
         self.crop_size = int(crop_size)
         self.box_convention = box_convention
         self.region_batch_size = int(region_batch_size)
+        serving.track_keras_variables(self, image_backbone, text_layer, self.image_tower, self.text_tower,
+                                      self.similarity_head)
 
         # Any shape: shapes are checked in the graph so that a wrong one gets
         # an InvalidArgument error with a readable message (tf_twobranch.serving).

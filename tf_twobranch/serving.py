@@ -44,6 +44,7 @@ from tf_twobranch.errors import ConfigError, DataFormatError
 __all__ = [
     "WARMUP_FILENAME",
     "IMAGE_FORMATS",
+    "track_keras_variables",
     "string_batch_spec",
     "jpeg_batch_spec",
     "feature_batch_spec",
@@ -78,6 +79,37 @@ def jpeg_batch_spec(name: str) -> tf.TensorSpec:
 def feature_batch_spec(name: str) -> tf.TensorSpec:
     """Spec of a float32 feature batch, shape (batch, dim) checked by `validate_features`."""
     return tf.TensorSpec(None, tf.float32, name=name)
+
+
+# --------------------------------------------------------------------------
+# Keras 3 variables in SavedModels read by TF1-style loaders.
+
+
+def track_keras_variables(module: tf.Module, *layers) -> None:
+    """Makes `tf.saved_model.save(module)` loadable by TF Serving and ``saved_model_cli run``.
+
+    Keras 3 variables are wrappers: `tf.saved_model.save` writes a copy of
+    each (named ``Variable``, ``Variable_1``, ...) that the checkpoint
+    restores, while the signature graphs read the wrapped `tf.Variable`
+    (``dense/bias``). `tf.saved_model.load` maps the two, but the TF1-style
+    loaders of TF Serving and ``saved_model_cli run`` do not, and every
+    request fails with ``FailedPrecondition: Could not find variable
+    dense/bias`` (keras-team/keras#19274, #20095). Tracking the wrapped
+    `tf.Variable`s on the module saves and restores exactly the variables the
+    graphs read. Call it in the module's ``__init__`` with every Keras model
+    or layer its signatures use (``None`` entries are skipped).
+    """
+    tracked = list(getattr(module, "keras_tf_variables", []))
+    seen = {id(v) for v in tracked}
+    for layer in layers:
+        if layer is None:
+            continue
+        for variable in layer.variables:
+            tf_variable = variable if isinstance(variable, tf.Variable) else variable.value
+            if id(tf_variable) not in seen:
+                seen.add(id(tf_variable))
+                tracked.append(tf_variable)
+    module.keras_tf_variables = tracked
 
 
 # --------------------------------------------------------------------------
