@@ -1,5 +1,8 @@
 """End-to-end region–phrase SavedModel: same scores as the Python path, clear errors."""
 import io
+import json
+import os
+import pathlib
 import subprocess
 import sys
 
@@ -17,6 +20,9 @@ from tf_twobranch.features.scene_cnn import train_scene_cnn
 from tf_twobranch.features.text_features import FisherVectorEncoder
 from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.serving import read_warmup_requests
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 CROP = 32
 SENTENCES = ["a red seven on the left", "two blue threes above a green one", "a small yellow four",
@@ -160,29 +166,60 @@ def test_scores_equal_python_path(parts, exported):
     (None, np.array([[0, 0, np.nan, 20]], np.float32), PHRASES, "NaN or inf"),
     (None, PROPOSALS, ["a red seven", "  "], "non-empty strings"),
     (None, PROPOSALS, [], "phrases is empty"),
+    (None, PROPOSALS, [["a red seven"]], r"phrases must have shape \(batch,\)"),
+    ("batch", PROPOSALS, PHRASES, r"image_jpeg must be one encoded image \(a scalar string"),
 ])
 def test_bad_requests_fail_with_clear_messages(exported, image, proposals, phrases, message):
     _, _, loaded = exported
-    image = _encode(_scene(1)) if image is None else image
+    image = {None: _encode(_scene(1)), "batch": [_encode(_scene(1))] * 2}.get(image, image)
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         loaded.signatures["score_proposals"](image_jpeg=tf.constant(image), proposals=tf.constant(proposals),
                                              phrases=tf.constant(phrases, dtype=tf.string))
 
 
-def test_saved_model_cli_lists_signatures_and_run_config(exported):
-    model, export_dir, _ = exported
+@pytest.mark.slow
+def test_saved_model_cli_show_and_run(exported, tmp_path):
+    """`saved_model_cli show` lists the signatures; `run` returns the scores of the loaded model."""
+    model, export_dir, loaded = exported
     if model.config.kind != "embedding":
-        pytest.skip("saved_model_cli is checked once (it starts a new TensorFlow, ~10 s)")
-    result = subprocess.run([sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show",
-                             "--dir", str(export_dir), "--all"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+        pytest.skip("saved_model_cli is checked once (it starts a new TensorFlow, several seconds)")
+    jpeg = _encode(_scene(1))
+    np.save(tmp_path / "image.npy", np.array(jpeg, dtype=object))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    commands = [
+        [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show", "--dir", str(export_dir), "--all"],
+        # tf_twobranch.serving = saved_model_cli with the tensorflow-text ops registered.
+        [sys.executable, "-m", "tf_twobranch.serving", "run", "--dir", str(export_dir), "--tag_set", "serve",
+         "--signature_def", "score_proposals", "--inputs", f"image_jpeg={tmp_path / 'image.npy'}",
+         "--input_exprs", f"proposals={PROPOSALS.tolist()};phrases={PHRASES}", "--outdir", str(tmp_path / "out")],
+    ]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for c in commands]
+    (show, show_err), (_, run_err) = [p.communicate(timeout=300) for p in procs]
+    assert procs[0].returncode == 0, show_err
     for name in ("score_proposals", "embed_regions", "embed_phrases", "serving_default", "image_jpeg",
                  "proposals", "phrases", "best_box", "scores"):
-        assert name in result.stdout
-    import json
+        assert name in show
+    assert "inputs['proposals'] tensor_info:\n        dtype: DT_FLOAT" in show
+    assert procs[1].returncode == 0, run_err
+    want = loaded.signatures["score_proposals"](image_jpeg=tf.constant(jpeg), proposals=tf.constant(PROPOSALS),
+                                                phrases=tf.constant(PHRASES))
+    for key in ("scores", "best_box", "best_index"):
+        np.testing.assert_allclose(np.load(tmp_path / "out" / f"{key}.npy"), want[key].numpy(), atol=1e-5)
     config = json.loads((export_dir / "assets.extra" / "run_config.json").read_text())
     assert config["experiment"] == "test"
     assert config["region_phrase_export"]["box_convention"] == "inclusive"
+
+
+def test_warmup_file_replays_on_the_loaded_model(exported):
+    _, export_dir, loaded = exported
+    requests = read_warmup_requests(export_dir)
+    assert [name for name, _ in requests] == ["embed_regions", "embed_phrases", "score_proposals", "serving_default"]
+    assert requests[0][1]["image_jpeg"].shape == ()   # one image per request
+    for name, inputs in requests:
+        outputs = loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
+        assert all(np.isfinite(v.numpy()).all() for v in outputs.values())
 
 
 def test_incompatible_parts_are_config_errors(parts, tmp_path):
