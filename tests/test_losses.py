@@ -118,3 +118,145 @@ def test_keras_loss_classes_serialize():
     assert float(restored(labels, (im, sent))) == pytest.approx(float(loss(labels, (im, sent))))
     lp = keras.losses.deserialize(keras.losses.serialize(losses.LogisticPairLoss()))
     assert isinstance(lp, losses.LogisticPairLoss)
+
+
+# --- static-shape (XLA) formulation ---------------------------------------------------
+
+
+def _random_labels(rng, num_texts, num_images, duplicates=True, extra=0.0):
+    """One image per text, some images repeated in the batch, some texts with extra images."""
+    labels = np.zeros((num_texts, num_images), bool)
+    labels[np.arange(num_texts), rng.integers(0, num_images, num_texts)] = True
+    if duplicates:  # image slots 0 and 1 hold the same image: texts of one match both
+        both = labels[:, 0] | labels[:, 1]
+        labels[both, 0] = labels[both, 1] = True
+    labels |= rng.random(labels.shape) < extra
+    return labels
+
+
+@pytest.mark.parametrize("seed,num_texts,num_images,k,extra,weights", [
+    (0, 30, 12, 5, 0.0, (1.0, 1.5, 0.0, 0.05)),
+    (1, 24, 6, 10, 0.1, (1.0, 1.0, 0.3, 0.2)),     # k > negatives of some rows
+    (2, 40, 30, 3, 0.3, (0.5, 2.0, 0.1, 0.0)),     # rows with > 8 positives: fallback branch
+    (3, 9, 3, 2, 0.0, (1.0, 1.0, 1.0, 1.0)),
+])
+def test_static_ranking_loss_equals_dynamic(seed, num_texts, num_images, k, extra, weights):
+    rng = np.random.default_rng(seed)
+    im = tf.constant(_l2n(rng.normal(size=(num_images, 8))).astype(np.float32))
+    sent = tf.constant(_l2n(rng.normal(size=(num_texts, 8))).astype(np.float32))
+    labels = tf.constant(_random_labels(rng, num_texts, num_images, extra=extra))
+    kw = dict(margin=0.3, top_k=k, image_anchor_weight=weights[0], text_anchor_weight=weights[1],
+              image_neighbour_weight=weights[2], text_neighbour_weight=weights[3])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([im, sent])
+        dynamic = losses.bidirectional_ranking_loss(im, sent, labels, **kw)
+        static = losses.bidirectional_ranking_loss(im, sent, labels, static_shapes=True, **kw)
+    assert float(dynamic) > 0
+    np.testing.assert_allclose(float(static), float(dynamic), rtol=1e-6)
+    for a, b in zip(tape.gradient(static, [im, sent]), tape.gradient(dynamic, [im, sent])):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_static_embedding_loss_matches_reference():
+    rng = np.random.default_rng(5)
+    im = _l2n(rng.normal(size=(10, 16))).astype(np.float32)
+    sent = _l2n(rng.normal(size=(30, 16))).astype(np.float32)
+    labels = np.repeat(np.eye(10, dtype=bool), 3, axis=0)
+    expected = reference_embedding_loss(im.astype(np.float64), sent.astype(np.float64), labels,
+                                        0.05, 5, 1.5, 0.05)
+    got = losses.embedding_loss(im, sent, labels, num_neg_sample=5, static_shapes=True)
+    np.testing.assert_allclose(float(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def _phrase_batch(rng, num_phrases=14, num_regions=22, valid_phrases=11, crowded_phrase=False):
+    chain = rng.integers(0, 5, num_phrases)
+    valid = np.arange(num_phrases) < valid_phrases
+    positive = (rng.random((num_phrases, num_regions)) < 0.15) & valid[:, None]
+    positive[:, :3] |= (chain[:, None] == np.arange(3)[None, :]) & valid[:, None]  # chain boxes
+    if crowded_phrase:
+        positive[0, :12] = True    # more positive regions than the cap of 8
+    negative = (rng.random((num_phrases, num_regions)) < 0.5) & ~positive & valid[:, None]
+    same_chain = (chain[:, None] == chain[None, :]) & valid[:, None] & valid[None, :]
+    phrase_negative = ~(chain[:, None] == chain[None, :]) & valid[:, None] & valid[None, :]
+    pf = positive.astype(np.float32)
+    targets = positive.any(axis=0)
+    region_nbrs = ((pf.T @ pf) > 0) | np.diag(targets)
+    return {"phrase_region_positive": positive, "phrase_region_negative": negative,
+            "phrase_phrase_negative": phrase_negative, "phrase_neighbours": same_chain,
+            "region_neighbours": region_nbrs}
+
+
+@pytest.mark.parametrize("seed,crowded,k", [(0, False, 30), (1, True, 4), (2, False, 3)])
+def test_static_phrase_localization_loss_equals_dynamic(seed, crowded, k):
+    rng = np.random.default_rng(seed)
+    batch = {key: tf.constant(v) for key, v in _phrase_batch(rng, crowded_phrase=crowded).items()}
+    regions = tf.constant(_l2n(rng.normal(size=(22, 8))).astype(np.float32))
+    phrases = tf.constant(_l2n(rng.normal(size=(14, 8))).astype(np.float32))
+    kw = dict(margin=0.2, top_k=k, region_anchor_weight=1.0, phrase_anchor_weight=4.0,
+              region_neighbour_weight=0.1, phrase_neighbour_weight=0.1)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([regions, phrases])
+        dynamic = losses.phrase_localization_batch_loss(regions, phrases, batch, **kw)
+        static = losses.phrase_localization_batch_loss(regions, phrases, batch, static_shapes=True,
+                                                       **kw)
+    assert float(dynamic) > 0
+    np.testing.assert_allclose(float(static), float(dynamic), rtol=1e-6)
+    for a, b in zip(tape.gradient(static, [regions, phrases]),
+                    tape.gradient(dynamic, [regions, phrases])):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+    # each term on its own, including terms without anchor rows (value 0)
+    for name in ("region_anchor_weight", "phrase_anchor_weight", "region_neighbour_weight",
+                 "phrase_neighbour_weight"):
+        only = {w: (1.0 if w == name else 0.0) for w in kw if w.endswith("_weight")}
+        args = dict(kw, **only)
+        d = losses.phrase_localization_batch_loss(regions, phrases, batch, **args)
+        s = losses.phrase_localization_batch_loss(regions, phrases, batch, static_shapes=True, **args)
+        np.testing.assert_allclose(float(s), float(d), rtol=1e-6, err_msg=name)
+    empty = dict(batch, phrase_region_positive=tf.zeros_like(batch["phrase_region_positive"]))
+    assert float(losses.phrase_localization_batch_loss(regions, phrases, empty, static_shapes=True,
+                                                       **kw)) == 0.0
+
+
+def _compiles_with_gradient(loss_fn, *tensors):
+    variables = [tf.Variable(t) for t in tensors]
+
+    @tf.function(jit_compile=True)
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(*variables)
+        return loss, tape.gradient(loss, variables)
+
+    loss, grads = step()
+    assert np.isfinite(float(loss))
+    assert all(g is not None and np.all(np.isfinite(g.numpy())) for g in grads)
+    return float(loss)
+
+
+def test_static_losses_compile_under_xla():
+    rng = np.random.default_rng(0)
+    im = _l2n(rng.normal(size=(12, 8))).astype(np.float32)
+    sent = _l2n(rng.normal(size=(30, 8))).astype(np.float32)
+    labels = tf.constant(_random_labels(rng, 30, 12, extra=0.05))
+    kw = dict(margin=0.2, top_k=5, image_neighbour_weight=0.1)
+    xla = _compiles_with_gradient(lambda i, s: losses.bidirectional_ranking_loss(
+        i, s, labels, static_shapes=True, **kw), im, sent)
+    assert xla == pytest.approx(float(losses.bidirectional_ranking_loss(im, sent, labels, **kw)),
+                                rel=1e-5)
+    _compiles_with_gradient(lambda i, s: losses.embedding_loss(
+        i, s, np.repeat(np.eye(12, dtype=bool), 2, axis=0)[:24], static_shapes=True), im, sent[:24])
+    nbrs = tf.constant(rng.random((30, 30)) < 0.2) | tf.eye(30, dtype=tf.bool)
+    _compiles_with_gradient(lambda s: losses.neighbourhood_loss(s, nbrs, margin=0.1, top_k=5), sent)
+
+    batch = {key: tf.constant(v) for key, v in _phrase_batch(rng, crowded_phrase=True).items()}
+    regions = _l2n(rng.normal(size=(22, 8))).astype(np.float32)
+    phrases = _l2n(rng.normal(size=(14, 8))).astype(np.float32)
+    xla = _compiles_with_gradient(lambda r, p: losses.phrase_localization_batch_loss(
+        r, p, batch, top_k=6, static_shapes=True), regions, phrases)
+    assert xla == pytest.approx(float(losses.phrase_localization_batch_loss(
+        regions, phrases, batch, top_k=6)), rel=1e-5)
+
+    logits = rng.normal(size=(16,)).astype(np.float32)
+    pair_labels = tf.constant(rng.integers(0, 2, 16))
+    _compiles_with_gradient(lambda z: losses.logistic_pair_loss(z, pair_labels), logits)
+    mask = tf.constant(np.arange(16) < 11)
+    _compiles_with_gradient(lambda z: losses.masked_logistic_pair_loss(z, pair_labels, mask), logits)

@@ -53,13 +53,122 @@ def _top_k_hinge(positive: tf.Tensor, negative: tf.Tensor, negative_mask: tf.Ten
     return tf.reduce_mean(top)
 
 
+def _static_k(values: tf.Tensor, k: int):
+    """min(k, number of columns): a Python int when the column count is static.
+
+    Otherwise a tensor of `tf.shape`, which XLA resolves at compile time.
+    """
+    cols = values.shape[-1]
+    if cols is not None:
+        return min(int(k), int(cols))
+    return tf.minimum(int(k), tf.shape(values)[-1])
+
+
+def _closest_negatives(dist: tf.Tensor, negative: tf.Tensor, k):
+    """Per row, the k smallest distances over `negative` columns, (..., k) each.
+
+    Returns (distances, valid); `valid` is False where a row has fewer than k
+    negatives (those slots hold a sentinel and must be masked out).
+    """
+    lowest = tf.constant(dist.dtype.min, dist.dtype)
+    top = tf.math.top_k(tf.where(negative, -dist, lowest), k=k)
+    valid = tf.gather(negative, top.indices, batch_dims=len(dist.shape) - 1)
+    return -top.values, valid
+
+
+# Positives per anchor row handled by the cheap static path; rows with more
+# switch the term to a larger cap (see `_sum_over_capped_positives`).
+MAX_POSITIVES_PER_ANCHOR = 8
+# Largest (anchors × positives-cap × candidates) tensor of the exact fallback.
+FALLBACK_ELEMENTS = 1 << 24
+
+
+def _sum_over_capped_positives(positive: tf.Tensor, caps: list, total_for_cap) -> tf.Tensor:
+    """`total_for_cap(cap)` for the smallest cap >= the most positives of any row.
+
+    `caps` ascend; the last one is taken whenever the others are too small.
+    Every branch of the `tf.cond` chain has static shapes, so XLA compiles
+    it, and only the branch taken runs.
+    """
+    if len(caps) == 1:
+        return total_for_cap(caps[0])
+    most = tf.reduce_max(tf.reduce_sum(tf.cast(positive, tf.int32), axis=1))
+    return tf.cond(most <= caps[0], lambda: total_for_cap(caps[0]),
+                   lambda: _sum_over_capped_positives(positive, caps[1:], total_for_cap))
+
+
+def _positive_caps(num_cols, max_positives: int, elements_per_positive) -> list:
+    """Caps for `_sum_over_capped_positives`: `max_positives`, then every column.
+
+    The all-columns level is dropped when its tensor would exceed
+    `FALLBACK_ELEMENTS` (then 8 × `max_positives` is the last level).
+    """
+    if num_cols is None:
+        return [max_positives, None]
+    num_cols = int(num_cols)
+    if num_cols <= max_positives:
+        return [num_cols]
+    if elements_per_positive is None or num_cols * elements_per_positive <= FALLBACK_ELEMENTS:
+        return [max_positives, num_cols]
+    return [max_positives, min(num_cols, 8 * max_positives)]
+
+
+def _first_positives(positive: tf.Tensor, cap, dtype):
+    """Column indices of the first `cap` positives of each row and their validity mask."""
+    if cap is None:
+        cap = tf.shape(positive)[-1]
+    first = tf.math.top_k(tf.cast(positive, dtype), k=cap)
+    return first.indices, first.values > 0
+
+
+def _static_anchor_ranking_loss(dist: tf.Tensor, positive: tf.Tensor, negative: tf.Tensor,
+                                margin: float, k: int,
+                                max_positives: int = MAX_POSITIVES_PER_ANCHOR) -> tf.Tensor:
+    """Static-shape form of "one row per positive pair, top-k hinge over the row's negatives".
+
+    Rows of `dist` are anchors, `positive` marks the positive pairs (a, c)
+    and `negative` (rows × cols) the negatives of anchor a, the same for all
+    of its positives. For a fixed pair the hinge [m + d(a, c) − d(a, n)]_+ is
+    non-increasing in d(a, n), so its k largest values are those of the k
+    *closest* negatives of a, found once per anchor; missing negatives
+    (fewer than k) count as 0, like the zero-filled slots of `_top_k_hinge`.
+    The positives of each row are taken with a static cap: the first
+    `max_positives` of the row (top_k of the 0/1 row, with a validity mask)
+    give a (rows, cap, k) hinge tensor; when some row has more positives, a
+    `tf.cond` switches to all columns, (rows, cols, k). The mean over the
+    valid (pair, k) entries is thus the dynamic version's mean for any
+    labels (any number of positives per row, duplicate images); only the
+    summation order differs. No positive pair gives 0 (the dynamic
+    `_top_k_hinge`: NaN).
+    """
+    k = _static_k(dist, k)
+    closest, valid = _closest_negatives(dist, negative, k)                  # (A, k)
+
+    def total_for_cap(cap):
+        indices, pair_valid = _first_positives(positive, cap, dist.dtype)   # (A, P)
+        positive_dist = tf.gather(dist, indices, batch_dims=1)
+        hinge = tf.clip_by_value(margin + positive_dist[:, :, None] - closest[:, None, :],
+                                 0.0, HINGE_MAX)                             # (A, P, k)
+        keep = tf.logical_and(pair_valid[:, :, None], valid[:, None, :])
+        return tf.reduce_sum(tf.where(keep, hinge, tf.zeros_like(hinge)))
+
+    caps = _positive_caps(dist.shape[-1], max_positives, None)
+    total = _sum_over_capped_positives(positive, caps, total_for_cap)
+    count = tf.reduce_sum(tf.cast(positive, dist.dtype)) * tf.cast(k, dist.dtype)
+    return tf.math.divide_no_nan(total, count)
+
+
 def text_anchor_ranking_loss(dist: tf.Tensor, labels: tf.Tensor, *, margin: float,
-                             top_k: int) -> tf.Tensor:
+                             top_k: int, static_shapes: bool = False) -> tf.Tensor:
     """Text anchors: d(x_j', y_i') + m < d(x_k', y_i') (TPAMI eq. 2).
 
     One row per positive (text, image) pair; negatives are the images not
     matched to that text. `dist` is (num_texts, num_images).
+    `static_shapes=True` computes the same value without data-dependent
+    shapes (XLA-compilable; `_static_anchor_ranking_loss`).
     """
+    if static_shapes:
+        return _static_anchor_ranking_loss(dist, labels, tf.logical_not(labels), margin, top_k)
     pairs = tf.where(labels)
     rows = tf.gather(dist, pairs[:, 0])
     positive = tf.gather_nd(dist, pairs)[:, None]
@@ -68,7 +177,7 @@ def text_anchor_ranking_loss(dist: tf.Tensor, labels: tf.Tensor, *, margin: floa
 
 
 def image_anchor_ranking_loss(dist: tf.Tensor, labels: tf.Tensor, *, margin: float,
-                              top_k: int) -> tf.Tensor:
+                              top_k: int, static_shapes: bool = False) -> tf.Tensor:
     """Image anchors: d(x_i, y_j) + m < d(x_i, y_k) (TPAMI eq. 1).
 
     One row per positive (text, image) pair; negatives are the texts not
@@ -76,7 +185,7 @@ def image_anchor_ranking_loss(dist: tf.Tensor, labels: tf.Tensor, *, margin: flo
     """
     # The text-anchor term of the transposed problem: images become anchors.
     return text_anchor_ranking_loss(tf.transpose(dist), tf.transpose(labels), margin=margin,
-                                    top_k=top_k)
+                                    top_k=top_k, static_shapes=static_shapes)
 
 
 def neighbourhood_loss(embeds: tf.Tensor, neighbours: tf.Tensor, *, margin: float,
@@ -99,7 +208,8 @@ def bidirectional_ranking_loss(image_embeds: tf.Tensor, text_embeds: tf.Tensor,
                                top_k: int = 10, image_anchor_weight: float = 1.0,
                                text_anchor_weight: float = 1.5,
                                image_neighbour_weight: float = 0.0,
-                               text_neighbour_weight: float = 0.05) -> tf.Tensor:
+                               text_neighbour_weight: float = 0.05,
+                               static_shapes: bool = False) -> tf.Tensor:
     """TPAMI eq. 6: λ1·image-anchor + λ2·text-anchor + λ3·image-nbr + λ4·text-nbr.
 
     Args:
@@ -112,16 +222,20 @@ def bidirectional_ranking_loss(image_embeds: tf.Tensor, text_embeds: tf.Tensor,
       text_anchor_weight: λ2 (text target, image positive/negative).
       image_neighbour_weight: λ3; images are neighbours when they share a text.
       text_neighbour_weight: λ4; texts are neighbours when they share an image.
+      static_shapes: compute the anchor terms without data-dependent shapes
+        (needed under XLA, `jit_compile=True`); the value is the same for
+        any labels (see `_static_anchor_ranking_loss`). The neighbourhood
+        terms have static shapes either way.
     """
     labels = tf.cast(labels, tf.bool)
     dist = pairwise_distance(text_embeds, image_embeds)
     loss = tf.constant(0.0, dtype=dist.dtype)
     if text_anchor_weight:
         loss += text_anchor_weight * text_anchor_ranking_loss(
-            dist, labels, margin=margin, top_k=top_k)
+            dist, labels, margin=margin, top_k=top_k, static_shapes=static_shapes)
     if image_anchor_weight:
         loss += image_anchor_weight * image_anchor_ranking_loss(
-            dist, labels, margin=margin, top_k=top_k)
+            dist, labels, margin=margin, top_k=top_k, static_shapes=static_shapes)
     labels_f = tf.cast(labels, dist.dtype)
     if text_neighbour_weight:
         text_nbrs = tf.matmul(labels_f, labels_f, transpose_b=True) > 0
@@ -138,7 +252,8 @@ def bidirectional_ranking_loss(image_embeds: tf.Tensor, text_embeds: tf.Tensor,
 def embedding_loss(im_embeds: tf.Tensor, sent_embeds: tf.Tensor, labels: tf.Tensor, *,
                    margin: float = 0.05, num_neg_sample: int = 10,
                    im_loss_factor: float = 1.5,
-                   sent_only_loss_factor: float = 0.05) -> tf.Tensor:
+                   sent_only_loss_factor: float = 0.05,
+                   static_shapes: bool = False) -> tf.Tensor:
     """The original implementation's `embedding_loss`, same inputs → same value.
 
     Naming follows `lwwang/Two_branch_network/retrieval_model.py`:
@@ -150,7 +265,8 @@ def embedding_loss(im_embeds: tf.Tensor, sent_embeds: tf.Tensor, labels: tf.Tens
     return bidirectional_ranking_loss(
         im_embeds, sent_embeds, labels, margin=margin, top_k=num_neg_sample,
         image_anchor_weight=1.0, text_anchor_weight=im_loss_factor,
-        image_neighbour_weight=0.0, text_neighbour_weight=sent_only_loss_factor)
+        image_neighbour_weight=0.0, text_neighbour_weight=sent_only_loss_factor,
+        static_shapes=static_shapes)
 
 
 def logistic_pair_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -253,13 +369,71 @@ def _masked_neighbourhood_loss(dist: tf.Tensor, neighbours: tf.Tensor, anchors: 
     return _anchor_rows_top_k(positive, rows, negative_mask, margin, top_k)
 
 
+def _static_masked_neighbourhood_loss(dist: tf.Tensor, neighbours: tf.Tensor, anchors: tf.Tensor,
+                                      candidates: tf.Tensor, *, margin: float, top_k: int) -> tf.Tensor:
+    """`_masked_neighbourhood_loss` without gathering the anchor rows (exactly the same value).
+
+    Every row gets its top-k hinge sum; the rows outside `anchors` are then
+    dropped from the mean. No anchor gives 0, as in the dynamic form.
+    """
+    k = _static_k(dist, top_k)
+    positive = tf.reduce_max(tf.where(neighbours, dist, tf.zeros_like(dist)), axis=1, keepdims=True)
+    negative_mask = tf.logical_and(tf.logical_not(neighbours), candidates[None, :])
+    hinge = tf.clip_by_value(margin + positive - dist, 0.0, HINGE_MAX)
+    hinge = tf.where(negative_mask, hinge, tf.zeros_like(hinge))
+    row_sums = tf.reduce_sum(tf.math.top_k(hinge, k=k).values, axis=1)
+    total = tf.reduce_sum(tf.where(anchors, row_sums, tf.zeros_like(row_sums)))
+    count = tf.reduce_sum(tf.cast(anchors, dist.dtype)) * tf.cast(k, dist.dtype)
+    return tf.math.divide_no_nan(total, count)
+
+
+def _static_region_anchor_loss(dist: tf.Tensor, positive: tf.Tensor, phrase_negative: tf.Tensor,
+                               margin: float, k: int,
+                               max_positives: int = MAX_POSITIVES_PER_ANCHOR) -> tf.Tensor:
+    """Static-shape λ1 term of `phrase_localization_loss` (region anchors).
+
+    `dist` and `positive` are (P, R). A positive pair (p, r) ranks r's
+    distance to p against its distances to the phrases q with
+    `phrase_negative[p, q]` and not `positive[q, r]`: the negatives depend on
+    the pair, not on the anchor alone, so the pairs are enumerated per
+    phrase with a static cap on positive regions per phrase, giving a
+    (P, cap, P) candidate tensor; top-k over its last axis. Caps as in
+    `_static_anchor_ranking_loss`: `max_positives`, then all R regions when
+    P·R·P <= `FALLBACK_ELEMENTS`, else 8·`max_positives`. Exact (same value
+    as the dynamic form) whenever no phrase has more positive regions than
+    the last cap, always the case when P·R·P <= `FALLBACK_ELEMENTS`.
+    """
+    dist_t = tf.transpose(dist)                 # (R, P): row r = d(every phrase, r)
+    positive_t = tf.transpose(positive)
+    k = _static_k(dist_t, k)
+
+    def total_for_cap(cap):
+        regions, pair_valid = _first_positives(positive, cap, dist.dtype)    # (P, cap)
+        positive_dist = tf.gather(dist, regions, batch_dims=1)
+        candidates = tf.gather(dist_t, regions)                               # (P, cap, P)
+        negative = tf.logical_and(phrase_negative[:, None, :],
+                                  tf.logical_not(tf.gather(positive_t, regions)))
+        closest, valid = _closest_negatives(candidates, negative, k)          # (P, cap, k)
+        hinge = tf.clip_by_value(margin + positive_dist[:, :, None] - closest, 0.0, HINGE_MAX)
+        keep = tf.logical_and(pair_valid[:, :, None], valid)
+        return tf.reduce_sum(tf.where(keep, hinge, tf.zeros_like(hinge)))
+
+    num_p = dist.shape[0]
+    caps = _positive_caps(dist.shape[1], max_positives,
+                          None if num_p is None else int(num_p) * int(num_p))
+    total = _sum_over_capped_positives(positive, caps, total_for_cap)
+    count = tf.reduce_sum(tf.cast(positive, dist.dtype)) * tf.cast(k, dist.dtype)
+    return tf.math.divide_no_nan(total, count)
+
+
 def phrase_localization_loss(region_embeds: tf.Tensor, phrase_embeds: tf.Tensor,
                              phrase_region_positive: tf.Tensor, phrase_region_negative: tf.Tensor,
                              phrase_phrase_negative: tf.Tensor, region_neighbours: tf.Tensor | None = None,
                              phrase_neighbours: tf.Tensor | None = None, *, margin: float = 0.05,
                              top_k: int = 30, region_anchor_weight: float = 1.0,
                              phrase_anchor_weight: float = 4.0, region_neighbour_weight: float = 0.1,
-                             phrase_neighbour_weight: float = 0.1) -> tf.Tensor:
+                             phrase_neighbour_weight: float = 0.1,
+                             static_shapes: bool = False) -> tf.Tensor:
     """TPAMI eq. 6 on an Algorithm 1 batch (`tf_twobranch.sampling.phrase_localization`).
 
     Every True entry (p, r) of `phrase_region_positive` is a positive pair
@@ -282,10 +456,23 @@ def phrase_localization_loss(region_embeds: tf.Tensor, phrase_embeds: tf.Tensor,
     image–sentence loss; a term with no anchor rows is 0. Padded slots are
     never True in the masks. Neighbourhood terms need the neighbour masks
     (from a batch built with neighbourhood sampling) when their weight is > 0.
+
+    `static_shapes=True` computes the terms without data-dependent shapes
+    (needed under XLA): λ2, λ3 and λ4 give exactly the same value; λ1 too
+    unless a phrase has more than 64 positive regions in a batch with
+    P·R·P > 2^24 slots (`_static_region_anchor_loss`).
     """
     positive = tf.cast(phrase_region_positive, tf.bool)
     dist = pairwise_distance(phrase_embeds, region_embeds)  # (P, R)
     loss = tf.constant(0.0, dtype=dist.dtype)
+    if static_shapes:
+        return _static_phrase_localization_loss(
+            region_embeds, phrase_embeds, dist, positive, phrase_region_negative,
+            phrase_phrase_negative, region_neighbours, phrase_neighbours, margin=margin,
+            top_k=top_k, region_anchor_weight=region_anchor_weight,
+            phrase_anchor_weight=phrase_anchor_weight,
+            region_neighbour_weight=region_neighbour_weight,
+            phrase_neighbour_weight=phrase_neighbour_weight)
     pairs = tf.where(positive)
     positive_dist = tf.gather_nd(dist, pairs)[:, None]
     if phrase_anchor_weight:
@@ -311,6 +498,36 @@ def phrase_localization_loss(region_embeds: tf.Tensor, phrase_embeds: tf.Tensor,
             raise ValueError("phrase_neighbour_weight > 0 needs phrase_neighbours")
         anchors = tf.reduce_any(positive, axis=1)
         loss += phrase_neighbour_weight * _masked_neighbourhood_loss(
+            pairwise_distance(phrase_embeds, phrase_embeds), tf.cast(phrase_neighbours, tf.bool),
+            anchors, anchors, margin=margin, top_k=top_k)
+    return loss
+
+
+def _static_phrase_localization_loss(region_embeds, phrase_embeds, dist, positive,
+                                     phrase_region_negative, phrase_phrase_negative,
+                                     region_neighbours, phrase_neighbours, *, margin, top_k,
+                                     region_anchor_weight, phrase_anchor_weight,
+                                     region_neighbour_weight, phrase_neighbour_weight) -> tf.Tensor:
+    """The `static_shapes=True` branch of `phrase_localization_loss`."""
+    loss = tf.constant(0.0, dtype=dist.dtype)
+    if phrase_anchor_weight:
+        loss += phrase_anchor_weight * _static_anchor_ranking_loss(
+            dist, positive, tf.cast(phrase_region_negative, tf.bool), margin, top_k)
+    if region_anchor_weight:
+        loss += region_anchor_weight * _static_region_anchor_loss(
+            dist, positive, tf.cast(phrase_phrase_negative, tf.bool), margin, top_k)
+    if region_neighbour_weight:
+        if region_neighbours is None:
+            raise ValueError("region_neighbour_weight > 0 needs region_neighbours")
+        targets = tf.reduce_any(positive, axis=0)
+        loss += region_neighbour_weight * _static_masked_neighbourhood_loss(
+            pairwise_distance(region_embeds, region_embeds), tf.cast(region_neighbours, tf.bool),
+            targets, targets, margin=margin, top_k=top_k)
+    if phrase_neighbour_weight:
+        if phrase_neighbours is None:
+            raise ValueError("phrase_neighbour_weight > 0 needs phrase_neighbours")
+        anchors = tf.reduce_any(positive, axis=1)
+        loss += phrase_neighbour_weight * _static_masked_neighbourhood_loss(
             pairwise_distance(phrase_embeds, phrase_embeds), tf.cast(phrase_neighbours, tf.bool),
             anchors, anchors, margin=margin, top_k=top_k)
     return loss
