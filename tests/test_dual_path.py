@@ -85,6 +85,18 @@ def test_text_cnn_shapes_and_receptive_field(layout, length):
         assert list(diff > 1e-6) == expected, (p, diff)
 
 
+def test_layout_specific_layers():
+    paper = build_text_cnn(tiny())
+    reference = build_text_cnn(tiny(text_layout="reference", head_layout="reference"))
+    assert isinstance(paper.get_layer("text_pool"), keras.layers.GlobalAveragePooling1D)
+    assert isinstance(reference.get_layer("text_pool"), keras.layers.GlobalMaxPooling1D)
+    assert "text_fc2" in [l.name for l in paper.layers]
+    assert "text_fc2" not in [l.name for l in reference.layers]  # the reference has one FC
+    assert reference.output_shape == (None, 32)
+    assert paper.get_layer("text_stage3_block1_conv2").kernel.shape == (2, 8, 8)
+    assert reference.get_layer("text_stage3_block1_conv2").kernel.shape == (2, 32, 32)  # wider first block
+
+
 def test_padding_embeds_to_zero_and_word_vectors_are_used():
     cfg = tiny()
     vectors = np.random.default_rng(0).normal(size=(VOCAB, 16)).astype(np.float32)
@@ -188,6 +200,8 @@ def test_a_few_steps_reduce_the_loss_under_the_default_strategy():
         model.reset_metrics()
         history.append(float(model.train_on_batch(batch, return_dict=True)["loss"]))
     assert np.all(np.isfinite(history)) and history[-1] < history[0], history
+    logs = model.evaluate(tf.data.Dataset.from_tensors(batch), verbose=0)  # Keras' loss evaluation
+    assert set(logs) >= {"loss", "rank_loss", "image_accuracy", "text_accuracy"}
 
 
 def test_save_load_round_trip_and_flip_average(tmp_path):

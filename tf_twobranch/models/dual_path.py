@@ -592,7 +592,15 @@ class DualPathModel(keras.Model):
         `images` (num_images, S, S, 3), `token_ids` (num_captions, L) and
         `caption_image` (num_captions,); or a dict with keys ``image``,
         ``token_ids`` and ``caption_image`` as the first argument.
+        Given a `tf.data.Dataset` of training-style batches (as `fit` passes
+        validation data, ``x=``), this is Keras' `evaluate`: the loss terms
+        of `test_step`.
         """
+        if images is None and "x" in kwargs:
+            images = kwargs.pop("x")
+        if isinstance(images, tf.data.Dataset):
+            kwargs.setdefault("return_dict", True)
+            return super().evaluate(images, **kwargs)
         if isinstance(images, dict):
             x = images
             missing = {"image", "token_ids", "caption_image"} - set(x)
