@@ -164,11 +164,16 @@ def test_incompatible_encoder_or_backbone(tmp_path):
         export_saved_model(build_model(_cfg()), tmp_path / "b", image_backbone=backbone)
 
 
-def test_lstm_tower_takes_raw_strings(tmp_path):
+@pytest.fixture(scope="module")
+def lstm_export(tmp_path_factory):
     vocab = ["<pad>", "<unk>", "a", "red", "seven"]
     model = build_model(_cfg(text_encoder="lstm", vocabulary=vocab, max_len=4, word_dim=3,
                              lstm_units=4))
-    path = export_saved_model(model, tmp_path / "export")
+    return model, export_saved_model(model, tmp_path_factory.mktemp("lstm") / "export")
+
+
+def test_lstm_tower_takes_raw_strings(lstm_export):
+    model, path = lstm_export
     loaded = tf.saved_model.load(str(path))
     out = loaded.signatures["embed_texts"](captions=tf.constant(["a red seven", "A RED seven!"]))
     emb = out["text_embedding"].numpy()
@@ -179,7 +184,7 @@ def test_lstm_tower_takes_raw_strings(tmp_path):
 
 
 @pytest.mark.slow
-def test_saved_model_cli_show_and_run(feature_export, raw_input_export, tmp_path):
+def test_saved_model_cli_show_and_run(feature_export, raw_input_export, lstm_export, tmp_path):
     """saved_model_cli returns the Keras embeddings; bad requests fail with the in-graph messages."""
     model, feature_dir = feature_export
     raw_model, encoder, backbone, raw_dir = raw_input_export
@@ -202,6 +207,8 @@ def test_saved_model_cli_show_and_run(feature_export, raw_input_export, tmp_path
             "--input_exprs", f"captions={CAPTIONS[:3]}", outdir=tmp_path / "raw"),
         run(SAVED_MODEL_CLI_TEXT, raw_dir, "embed_texts", "--input_exprs", 'captions=["a dog", " "]'),
         run(SAVED_MODEL_CLI_TEXT, raw_dir, "embed_images", "--input_exprs", "image_jpeg=[b'GIF89a not a jpeg']"),
+        run(SAVED_MODEL_CLI_TEXT, lstm_export[1], "embed_texts", "--input_exprs", 'captions=["a red seven", "seven"]',
+            outdir=tmp_path / "lstm"),
     ])
     rc, show, err = results[0]
     assert rc == 0, err
@@ -220,6 +227,11 @@ def test_saved_model_cli_show_and_run(feature_export, raw_input_export, tmp_path
     texts = raw_model.embed_texts(encoder.transform([tokenize_caption(c) for c in CAPTIONS[:3]]))
     np.testing.assert_allclose(np.load(tmp_path / "raw" / "scores.npy"),
                                _keras_image_embeddings(raw_model, backbone, jpegs) @ texts.T, atol=1e-5)
+    rc, _, err = results[6]
+    assert rc == 0, err
+    np.testing.assert_allclose(np.load(tmp_path / "lstm" / "text_embedding.npy"),
+                               lstm_export[0].embed_texts(np.array([[2, 3, 4, 0], [4, 0, 0, 0]], np.int32)),
+                               atol=1e-5)
     for (rc, _, err), message in zip([results[2], results[4], results[5]], [
             "image_features contains NaN or inf values; first bad row:] [1]",
             "captions must be non-empty strings; got an empty or whitespace-only string at index] [1]",
