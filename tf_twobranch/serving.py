@@ -5,8 +5,8 @@ Why the input specs have no static shape: a shape in a signature's
 `TensorSpec` is enforced *before* the graph runs, by callers that each word
 it differently (a Python ``TypeError`` "Can not cast TensorSpec" from
 ``loaded.signatures[...]``, a ``ValueError`` "Cannot feed value of shape"
-from ``saved_model_cli run``, nothing at all in TF Serving, which feeds the
-placeholder as is). The specs of `string_batch_spec`, `feature_batch_spec`
+from ``saved_model_cli run``, and TF Serving's own wording, if it checks at
+all before feeding the placeholder). The specs of `string_batch_spec`, `feature_batch_spec`
 and `jpeg_batch_spec` therefore fix only the dtype; the validators below
 check rank and sizes inside the graph, so every caller gets the same
 ``InvalidArgumentError`` naming the input and the expected shape. The
@@ -29,6 +29,9 @@ messages needed here (`PredictionLog` → `PredictLog` → `PredictRequest` →
 with the field numbers of tensorflow_serving/apis/*.proto, in a private
 descriptor pool (no clash if the real package is imported too); inputs are
 TensorFlow's own `TensorProto`.
+
+Keras 3 models inside a `tf.Module` need `track_keras_variables`, or TF
+Serving and ``saved_model_cli run`` cannot find their variables (see there).
 """
 from __future__ import annotations
 
