@@ -67,6 +67,12 @@ def test_float32_run_learns(float32_run):
     assert max(_recalls(metrics).values()) > 20  # far above chance (R@10 chance = 10 %)
 
 
+def test_xla_matches_float32(float32_run):
+    loss, metrics, _ = _train_and_evaluate(jit_compile=True)
+    assert loss == pytest.approx(float32_run[0], rel=1e-3)
+    _assert_close_recalls(metrics, float32_run[1], points=1.0)
+
+
 def test_mixed_bfloat16_within_tolerance(float32_run):
     loss, metrics, model = _train_and_evaluate("mixed_bfloat16")
     assert model.image_tower.layers[1].compute_dtype == "bfloat16"

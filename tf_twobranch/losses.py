@@ -403,11 +403,13 @@ def _static_region_anchor_loss(dist: tf.Tensor, positive: tf.Tensor, phrase_nega
     as the dynamic form) whenever no phrase has more positive regions than
     the last cap, always the case when P·R·P <= `FALLBACK_ELEMENTS`.
     """
-    dist_t = tf.transpose(dist)                 # (R, P): row r = d(every phrase, r)
     positive_t = tf.transpose(positive)
-    k = _static_k(dist_t, k)
+    k = _static_k(positive_t, k)
 
     def total_for_cap(cap):
+        # Transposed inside the branch: the gradient of the gather below is
+        # then made dense inside the branch, where XLA knows its shape.
+        dist_t = tf.transpose(dist)             # (R, P): row r = d(every phrase, r)
         regions, pair_valid = _first_positives(positive, cap, dist.dtype)    # (P, cap)
         positive_dist = tf.gather(dist, regions, batch_dims=1)
         candidates = tf.gather(dist_t, regions)                               # (P, cap, P)

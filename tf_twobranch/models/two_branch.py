@@ -218,7 +218,18 @@ class TwoBranchModel(keras.Model):
         return self.loss_from_outputs(self(batch, training=training), batch)
 
     def loss_from_outputs(self, out: dict, batch: dict) -> tf.Tensor:
-        """The task's loss given the towers' outputs for the whole batch."""
+        """The task's loss given the towers' outputs for the whole batch.
+
+        The ranking terms use their static-shape forms (`static_shapes=True`
+        of `tf_twobranch.losses`) where XLA needs them: the image–sentence
+        loss always (same value for any labels, and not slower than the
+        `tf.where`-gather form: median 56 vs 61 ms loss+gradient at 1000
+        texts × 500 images, 512-d, on 2 loaded CPU cores), the
+        phrase-localization loss only under `jit_compile=True` (without XLA
+        its static form is slower, 63 vs 44 ms at 200 phrases × 1300
+        regions, and its region-anchor term caps the positive regions per
+        phrase in very large batches).
+        """
         cfg = self.config
         if cfg.kind == "embedding":
             if "phrase_region_positive" in batch:
@@ -227,10 +238,11 @@ class TwoBranchModel(keras.Model):
                     top_k=cfg.top_k, region_anchor_weight=cfg.image_anchor_weight,
                     phrase_anchor_weight=cfg.text_anchor_weight,
                     region_neighbour_weight=cfg.image_neighbour_weight,
-                    phrase_neighbour_weight=cfg.text_neighbour_weight)
+                    phrase_neighbour_weight=cfg.text_neighbour_weight,
+                    static_shapes=getattr(self, "jit_compile", False) is True)
             return losses.bidirectional_ranking_loss(
                 out["image_embedding"], out["text_embedding"], batch["labels"],
-                **cfg.loss_kwargs())
+                static_shapes=True, **cfg.loss_kwargs())
         if "pair_mask" in batch:
             return losses.masked_logistic_pair_loss(out["logits"], batch["labels"],
                                                     batch["pair_mask"])
