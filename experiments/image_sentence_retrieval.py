@@ -205,19 +205,22 @@ def run(f) -> dict:
         with strategy.scope():
             model = build_model(config)
         if f.model == "embedding":
-            def batches():
+            def batches(start_step=0):
                 return sampling.image_sentence_batches(
                     train.caption_image, train.num_images, batch_size=f.batch_size,
-                    sample_size=f.sample_size, seed=f.seed, unique_images=f.unique_images)
+                    sample_size=f.sample_size, seed=f.seed, unique_images=f.unique_images,
+                    start_step=start_step)
             steps = sampling.steps_per_epoch(train.num_captions, train.num_images, f.batch_size,
                                              f.unique_images)
         else:
-            def batches():
+            def batches(start_step=0):
                 return sampling.similarity_pair_batches(
-                    train.caption_image, train.num_images, batch_size=f.batch_size, seed=f.seed)
+                    train.caption_image, train.num_images, batch_size=f.batch_size, seed=f.seed,
+                    start_step=start_step)
             steps = train.num_captions // f.batch_size
-        # Every replica embeds its block of each global batch (tf_twobranch.distribute).
-        dataset = distribute.distribute_global_batches(
+        # Every replica embeds its block of each global batch (tf_twobranch.distribute);
+        # a function of the start step, so a preempted run resumes mid-epoch cheaply.
+        dataset = distribute.distributed_stream(
             strategy, batches,
             lambda ds: sampling.attach_features(ds, image["train"], text["train"]))
         run_config = {"model": config.to_dict(), "train": tcfg.__dict__,

@@ -164,7 +164,7 @@ def _distributed(strategy, sampler, data):
     """Each replica embeds its block of every global Algorithm 1 batch."""
     from tf_twobranch import distribute
     from tf_twobranch.sampling.phrase_localization import attach_phrase_features
-    return distribute.distribute_global_batches(
+    return distribute.distributed_stream(
         strategy, sampler.dataset, lambda ds: attach_phrase_features(ds, data))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 __all__ = ["num_replicas", "cross_replica_concat", "local_row_offset", "global_count",
-           "replica_share", "split_global_batch", "distribute_global_batches", "keras_logs"]
+           "replica_share", "split_global_batch", "distribute_global_batches", "distributed_stream", "keras_logs"]
 
 
 def _replica_context():
@@ -125,6 +125,18 @@ def split_global_batch(batch: dict, num_slices: int, slice_id) -> dict:
     row_keys = IMAGE_ROW_KEYS + TEXT_ROW_KEYS
     return {k: (_row_slice(v, num_slices, slice_id, k) if k in row_keys else v)
             for k, v in batch.items()}
+
+
+def distributed_stream(strategy: tf.distribute.Strategy, global_batches_fn, attach_fn=None):
+    """``start_step -> distributed dataset``, the form `trainer.train` resumes from.
+
+    `global_batches_fn(start_step)` gives the global index batches from
+    `start_step` on; see `distribute_global_batches`.
+    """
+    def stream(start_step: int = 0):
+        return distribute_global_batches(strategy, lambda: global_batches_fn(start_step),
+                                         attach_fn)
+    return stream
 
 
 def distribute_global_batches(strategy: tf.distribute.Strategy, global_batches_fn,

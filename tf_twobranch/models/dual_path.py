@@ -99,7 +99,7 @@ __all__ = ["DualPathConfig", "DualPathModel", "PaddingMaskedEmbedding", "build_i
            "text_receptive_field", "text_feature_length", "save_dual_path_config",
            "load_dual_path_config", "load_dual_path_model"]
 
-IMAGE_BACKBONES = ("resnet50", "vgg19", "resnet152")
+IMAGE_BACKBONES = ("resnet50", "vgg19", "vgg16", "resnet152")
 LAYOUTS = ("paper", "reference")
 
 

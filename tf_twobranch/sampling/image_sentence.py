@@ -43,7 +43,7 @@ def _caption_table(caption_image: np.ndarray, num_images: int):
 
 def image_sentence_batches(caption_image, num_images: int, *, batch_size: int = 500,
                            sample_size: int = 2, seed: int = 0,
-                           unique_images: bool = False) -> tf.data.Dataset:
+                           unique_images: bool = False, start_step: int = 0) -> tf.data.Dataset:
     """An infinite, deterministic dataset of index batches for the embedding network.
 
     Yields dicts: ``image_index`` (batch_size,), ``text_index``
@@ -100,7 +100,7 @@ def image_sentence_batches(caption_image, num_images: int, *, batch_size: int = 
         labels = tf.equal(text_image[:, None], images[None, :])
         return {"image_index": images, "text_index": text_index, "labels": labels}
 
-    return tf.data.Dataset.counter().map(make_batch, num_parallel_calls=tf.data.AUTOTUNE,
+    return tf.data.Dataset.counter(start_step).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE,
                                          deterministic=True)
 
 
@@ -111,7 +111,7 @@ def steps_per_epoch(num_captions: int, num_images: int, batch_size: int,
 
 
 def similarity_pair_batches(caption_image, num_images: int, *, batch_size: int = 500,
-                            seed: int = 0) -> tf.data.Dataset:
+                            seed: int = 0, start_step: int = 0) -> tf.data.Dataset:
     """Balanced pairs for the similarity network (TPAMI §5.1).
 
     Each batch holds `batch_size` positive (image, caption) pairs and, for
@@ -152,7 +152,7 @@ def similarity_pair_batches(caption_image, num_images: int, *, batch_size: int =
                                      tf.cast(tf.equal(tf.gather(caption_image_t, neg),
                                                       images), tf.int32)], 0)}
 
-    return tf.data.Dataset.counter().map(make_batch, num_parallel_calls=tf.data.AUTOTUNE,
+    return tf.data.Dataset.counter(start_step).map(make_batch, num_parallel_calls=tf.data.AUTOTUNE,
                                          deterministic=True)
 
 

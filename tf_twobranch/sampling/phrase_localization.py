@@ -561,9 +561,10 @@ class PhraseTripletSampler:
                   "region_neighbours": ((R, R), tf.bool)}
         return {k: tf.TensorSpec(shape, dtype, name=k) for k, (shape, dtype) in shapes.items()}
 
-    def dataset(self) -> tf.data.Dataset:
-        """An infinite, deterministic tf.data pipeline of :meth:`batch` for steps 0, 1, 2, …"""
-        return _numpy_batches(self.batch, self.output_signature())
+    def dataset(self, start_step: int = 0) -> tf.data.Dataset:
+        """An infinite, deterministic tf.data pipeline of :meth:`batch` for steps
+        start_step, start_step + 1, …"""
+        return _numpy_batches(self.batch, self.output_signature(), start_step)
 
 
 # --------------------------------------------------------------------------- similarity network
@@ -648,8 +649,8 @@ class PhrasePairSampler:
                 "labels": tf.TensorSpec((n,), tf.int32, name="labels"),
                 "pair_mask": tf.TensorSpec((n,), tf.bool, name="pair_mask")}
 
-    def dataset(self) -> tf.data.Dataset:
-        return _numpy_batches(self.batch, self.output_signature())
+    def dataset(self, start_step: int = 0) -> tf.data.Dataset:
+        return _numpy_batches(self.batch, self.output_signature(), start_step)
 
 
 def _cyclic_pad(indices: np.ndarray, size: int) -> np.ndarray:
@@ -661,7 +662,7 @@ def _cyclic_pad(indices: np.ndarray, size: int) -> np.ndarray:
     return np.resize(np.asarray(indices, np.int64), size)
 
 
-def _numpy_batches(make_batch, signature: dict[str, tf.TensorSpec]) -> tf.data.Dataset:
+def _numpy_batches(make_batch, signature: dict[str, tf.TensorSpec], start_step: int = 0) -> tf.data.Dataset:
     keys = list(signature)
 
     def build(step):
@@ -677,7 +678,7 @@ def _numpy_batches(make_batch, signature: dict[str, tf.TensorSpec]) -> tf.data.D
         return out
 
     # Batch `step` depends on step only, so parallel, ordered mapping is deterministic.
-    return tf.data.Dataset.counter().map(map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return tf.data.Dataset.counter(start_step).map(map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def phrase_embedding_batches(data: PhraseLocalizationData, **kwargs) -> tf.data.Dataset:

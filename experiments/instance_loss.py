@@ -1,0 +1,446 @@
+r"""Dual-path CNN with instance loss (Zheng et al.): Tables 1, 2, 5, 6, 7, 8.
+
+    python -m experiments.instance_loss --flagfile=experiments/configs/zheng_table2_full_model.cfg
+
+Trains from raw pixels and words: Stage I (instance loss only, image
+backbone frozen) then Stage II (everything fine-tuned, ranking + instance
+loss), each stage in its own run directory (``<run_dir>/stage1``,
+``<run_dir>/stage2``) with checkpoints, backups and TensorBoard logs;
+``--init_from`` starts a stage from another run's checkpoint.  Evaluates with
+the shared retrieval core (cosine, image averaged with its flip), computes
+the separability indicator S with its histogram PNG (Fig. 5), and exports
+the image tower (JPEG bytes in) and the text tower (raw strings in).
+
+With no --dataset_dir the embedded digit scenes are used (CUHK-PEDES layout
+derived from them with --dataset_kind=pedes), with the small profile below.
+"""
+from __future__ import annotations
+
+import pathlib
+import time
+
+import numpy as np
+from absl import app, flags, logging
+
+from experiments import common
+
+# The embedded scenes are 96-pixel JPEGs with a ~130-word vocabulary; the
+# profile keeps the paper's architecture (ResNet-50 image CNN, 3-4-6-3 text
+# CNN) at a size a 2-core CPU trains in minutes: 64-pixel crops, a text CNN of
+# width 16 (64 → 1024 channels instead of 256 → 2048), 512-d features and
+# 1,000 training images (= 1,000 instance classes). No ImageNet weights exist
+# here, so the backbone starts from random initialisation; the learning rates
+# are raised accordingly (the paper's 0.001 moves a randomly initialised
+# head too slowly for a few epochs).
+EMBEDDED_PROFILE = {"image_size": 64, "resize_to": 72, "text_width": 16, "hidden_dim": 512,
+                    "embed_dim": 512, "max_train_images": 1000, "stage1_epochs": 8,
+                    "stage2_epochs": 4, "stage1_learning_rate": 0.01,
+                    "stage2_learning_rate": 0.005, "dropout": 0.5}
+PEDES_EMBEDDED_PROFILE = {**EMBEDDED_PROFILE, "max_len": 32}
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    # Data.
+    flags.DEFINE_enum("dataset_kind", "retrieval", ["retrieval", "pedes"],
+                      "retrieval: Flickr30K / MSCOCO / embedded scenes (one class per image); "
+                      "pedes: CUHK-PEDES reid_raw.json (one class per identity, text->image).",
+                      **d)
+    flags.DEFINE_string("dataset_dir", "", "Dataset folder (retrieval) or folder of "
+                        "reid_raw.json (pedes); empty: the embedded dataset.", **d)
+    flags.DEFINE_enum("caption_format", "auto", ["auto", "karpathy", "token", "coco"],
+                      "Caption file layout of --dataset_dir.", **d)
+    flags.DEFINE_string("images_dir", "", "Images folder (default: looked up in --dataset_dir).",
+                        **d)
+    flags.DEFINE_integer("max_train_images", 0, "Use only the first N training images "
+                         "(0 = all).", lower_bound=0, **d)
+    flags.DEFINE_integer("max_test_images", 0, "Use only the first N test images (0 = all).",
+                         lower_bound=0, **d)
+    flags.DEFINE_enum("eval_split", "test", ["val", "test"], "Split to evaluate on.", **d)
+    flags.DEFINE_enum("long_captions", "error", ["error", "clip"],
+                      "Captions longer than --max_len: error, or clip the final words "
+                      "(the paper).", **d)
+    flags.DEFINE_integer("num_classes", 0, "Instance classes; 0 = from the data (a set value "
+                         "must match the data).", lower_bound=0, **d)
+    # Text.
+    flags.DEFINE_string("word_vectors", "", "Local word2vec file (GoogleNews .bin or text) "
+                        "or GloVe text file.", **d)
+    flags.DEFINE_enum("word_init", "word2vec", ["word2vec", "random"],
+                      "First text layer: word2vec-initialised or random (Table 5).", **d)
+    flags.DEFINE_integer("max_len", 32, "Text input length (56 for CUHK-PEDES).",
+                         lower_bound=1, **d)
+    flags.DEFINE_integer("word_dim", 300, "Word embedding size.", lower_bound=1, **d)
+    flags.DEFINE_enum("text_shift", "position_shift", ["position_shift", "left_align"],
+                      "Training-time text placement (Table 6).", **d)
+    flags.DEFINE_enum("test_text_shift", "left_align", ["left_align", "all_shifts"],
+                      "Test-time text: left-aligned, or the reference's mean over all shifts.",
+                      **d)
+    # Model.
+    flags.DEFINE_enum("image_backbone", "resnet50", ["resnet50", "vgg19", "vgg16", "resnet152"],
+                      "Image CNN.", **d)
+    flags.DEFINE_string("image_weights", "", "Local ImageNet weights file of the backbone.", **d)
+    flags.DEFINE_integer("image_size", 224, "Training crop size.", lower_bound=32, **d)
+    flags.DEFINE_integer("resize_to", 256, "Shorter image side before cropping.",
+                         lower_bound=32, **d)
+    flags.DEFINE_enum("text_layout", "paper", ["paper", "reference"],
+                      "Text CNN: paper (3-4-6-3, same padding) or reference (3-4-6-1, causal).",
+                      **d)
+    flags.DEFINE_enum("head_layout", "paper", ["paper", "reference"], "FC head layout.", **d)
+    flags.DEFINE_list("text_blocks", [], "Blocks per text CNN stage (empty: the layout's, "
+                      "3,4,6,3 / 3,4,6,1; 3,8,36,3 = ResNet-152-like, Table 3).", **d)
+    flags.DEFINE_integer("text_width", 64, "Text CNN base width (64 = ResNet-50).",
+                         lower_bound=1, **d)
+    flags.DEFINE_integer("hidden_dim", 2048, "Hidden FC size of the heads.", lower_bound=1, **d)
+    flags.DEFINE_integer("embed_dim", 2048, "Feature size f_img / f_text.", lower_bound=1, **d)
+    flags.DEFINE_float("dropout", 0.75, "Dropout rate before W_share.", lower_bound=0.0,
+                       upper_bound=0.99, **d)
+    flags.DEFINE_float("margin", 1.0, "Ranking loss margin alpha.", lower_bound=0.0, **d)
+    flags.DEFINE_enum("ranking_negatives", "in_batch", ["in_batch", "hardest", "reference"],
+                      "Negatives of the ranking loss.", **d)
+    flags.DEFINE_integer("num_negative_captions", 0, "Random negative captions per batch "
+                         "(reference: 256 with ranking_negatives=reference).", lower_bound=0,
+                         **d)
+    # Training.
+    flags.DEFINE_list("stages", ["1", "2"], "Stages to run, in order.", **d)
+    flags.DEFINE_string("init_from", "", "Run directory (or .weights.h5) whose weights start "
+                        "the first stage run here.", **d)
+    flags.DEFINE_integer("batch_size", 32, "Images (each with one caption) per batch.",
+                         lower_bound=2, **d)
+    for stage, (epochs, lr, lambdas) in {1: (10, 0.001, "0,1,1"), 2: (10, 0.001, "1,1,1")}.items():
+        flags.DEFINE_integer(f"stage{stage}_epochs", epochs, f"Epochs of Stage {stage}.",
+                             lower_bound=1, **d)
+        flags.DEFINE_float(f"stage{stage}_learning_rate", lr, f"SGD learning rate of Stage "
+                           f"{stage}.", lower_bound=0.0, **d)
+        flags.DEFINE_list(f"stage{stage}_lambdas", lambdas.split(","),
+                          f"lambda_rank, lambda_image, lambda_text of Stage {stage}.", **d)
+    flags.DEFINE_float("momentum", 0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0, **d)
+    flags.DEFINE_bool("nesterov", False, "Nesterov momentum (the reference).", **d)
+    flags.DEFINE_float("weight_decay", 0.0, "Weight decay (reference: 1e-4).", lower_bound=0.0,
+                       **d)
+    flags.DEFINE_enum("protocol", "full", ["full", "coco_1k", "coco_5k"],
+                      "Evaluation protocol (retrieval datasets).", **d)
+    flags.DEFINE_string("paper_dataset", "Flickr30K", "Dataset of the paper numbers.", **d)
+    common.define_run_flags(fv, export_help="Export the image and text towers as a SavedModel.",
+                            paper_results_help="Paper numbers: R@1,R@5,R@10 image query then "
+                            "text query (pedes: text query only).")
+
+
+def _lambdas(values, name) -> tuple[float, float, float]:
+    try:
+        out = tuple(float(v) for v in values)
+    except ValueError:
+        raise common.UserInputError(f"--{name} must be three numbers, got {values}") from None
+    if len(out) != 3 or min(out) < 0:
+        raise common.UserInputError(f"--{name} must be three non-negative numbers, got {values}")
+    return out
+
+
+def _stages(values) -> list[int]:
+    stages = []
+    for v in values:
+        if v not in ("1", "2"):
+            raise common.UserInputError(f"--stages must list 1 and/or 2, got {values}")
+        stages.append(int(v))
+    return stages
+
+
+def load_data(f, run_dir: pathlib.Path):
+    """Train and evaluation splits (DualPathData) and the word vectors used."""
+    from tf_twobranch.sampling import dual_path as dp
+    from tf_twobranch.data.tokenize import tokenize_caption
+
+    kind = f.dataset_kind
+    if kind == "pedes":
+        from tf_twobranch.data.embedded_pedes import ANNOTATION_NAME, load_embedded_pedes
+        folder = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_pedes()
+        source = folder / ANNOTATION_NAME if folder.is_dir() else folder
+
+        def split(name, vocabulary=None, word_vectors=None):
+            return dp.dual_path_data_from_pedes(
+                source, f.images_dir or None, name, vocabulary=vocabulary,
+                word_vectors=word_vectors, max_len=f.max_len, long_captions=f.long_captions,
+                max_images=_limit(f, name))
+    else:
+        from tf_twobranch.data.embedded import load_embedded_dataset
+        source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
+
+        def split(name, vocabulary=None, word_vectors=None):
+            return dp.dual_path_data_from_retrieval(
+                source, f.caption_format, name, images_dir=f.images_dir or None,
+                vocabulary=vocabulary, word_vectors=word_vectors, max_len=f.max_len,
+                long_captions=f.long_captions, max_images=_limit(f, name))
+
+    word_vectors = None
+    if f.word_init == "word2vec":
+        if f.word_vectors:
+            word_vectors = f.word_vectors
+        elif f.dataset_dir:
+            raise common.UserInputError(
+                "--word_init=word2vec needs --word_vectors=<local word2vec file> (e.g. "
+                "GoogleNews-vectors-negative300.bin); nothing is downloaded. Pass "
+                "--word_init=random to start the text CNN from random word vectors.")
+        else:
+            # The embedded data has no word2vec file: train the stand-in on the
+            # training captions and save it in word2vec format, so the run uses
+            # exactly the file-based path a user's GoogleNews file takes.
+            from tf_twobranch.features.word_vectors import save_word_vectors, train_word_vectors
+            first = split("train")
+            tokens = [tokenize_caption(c) for c in first.captions]
+            path = run_dir / "word_vectors.bin"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_word_vectors(path, train_word_vectors(tokens, dim=f.word_dim, seed=f.seed))
+            logging.info("embedded data: word vectors trained on the training captions -> %s", path)
+            word_vectors = str(path)
+    train = split("train", word_vectors=word_vectors)
+    evaluation = split(f.eval_split, vocabulary=train.vocabulary)
+    return source, train, evaluation, word_vectors
+
+
+def _limit(f, split_name):
+    value = f.max_train_images if split_name == "train" else f.max_test_images
+    return value or None
+
+
+def _word_matrix(train, word_vectors, dim, seed):
+    from tf_twobranch.data.text_codes import initial_word_matrix
+    from tf_twobranch.features.word_vectors import load_word_vectors
+
+    if word_vectors is None:
+        return None
+    vectors = load_word_vectors(word_vectors, vocabulary=set(train.vocabulary))
+    if vectors.dim != dim:
+        raise common.UserInputError(f"{word_vectors}: word vectors have {vectors.dim} dimensions "
+                                    f"but --word_dim={dim}")
+    return initial_word_matrix(train.vocabulary, vectors, dim=dim, seed=seed)
+
+
+def _text_blocks(values):
+    if not values:
+        return None
+    try:
+        blocks = tuple(int(v) for v in values)
+    except ValueError:
+        raise common.UserInputError(f"--text_blocks must be integers, got {values}") from None
+    if min(blocks) < 1:
+        raise common.UserInputError(f"--text_blocks must be positive, got {values}")
+    return blocks
+
+
+def build_config(f, train):
+    from tf_twobranch.models.dual_path import DualPathConfig
+    from tf_twobranch.sampling import dual_path as dp
+
+    num_classes = f.num_classes or train.num_classes
+    dp.check_num_classes(train, num_classes)
+    return DualPathConfig(
+        vocabulary_size=len(train.vocabulary), num_classes=num_classes,
+        image_backbone=f.image_backbone, image_size=f.image_size,
+        image_weights=f.image_weights or None, text_layout=f.text_layout,
+        head_layout=f.head_layout, text_width=f.text_width, max_len=f.max_len,
+        text_blocks=_text_blocks(f.text_blocks),
+        word_dim=f.word_dim, hidden_dim=f.hidden_dim, embed_dim=f.embed_dim, dropout=f.dropout,
+        margin=f.margin, ranking_negatives=f.ranking_negatives, stage=1)
+
+
+def _initial_weights(model, path: str, num_classes: int) -> str:
+    """Loads --init_from (a run/stage directory or a weights file) into `model`."""
+    p = pathlib.Path(path)
+    candidates = [p] if p.suffix == ".h5" else [
+        p / "checkpoints" / "latest.weights.h5", p / "stage2" / "checkpoints" / "latest.weights.h5",
+        p / "stage1" / "checkpoints" / "latest.weights.h5"]
+    weights = next((c for c in candidates if c.is_file()), None)
+    if weights is None:
+        raise common.UserInputError(f"--init_from={path}: no checkpoint found (looked for "
+                                    f"{', '.join(map(str, candidates))})")
+    try:
+        model.load_weights(weights)
+    except (ValueError, OSError, KeyError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise common.UserInputError(
+            f"{weights}: weights do not fit this model ({first}); the checkpoint must come "
+            f"from the same architecture and the same number of classes ({num_classes})") from None
+    return str(weights)
+
+
+def _test_arrays(test_data):
+    images = np.concatenate([b["image"].numpy() for b in test_data.images])
+    rows = np.concatenate([b["token_ids"].numpy() for b in test_data.texts])
+    return images, rows
+
+
+def _text_embeds(model, rows, caption_of_row, num_captions):
+    embeds = model.embed_texts(rows)
+    if len(rows) == num_captions:
+        return embeds
+    # The reference's test-time text feature: the mean over all shifts.
+    sums = np.zeros((num_captions, embeds.shape[1]), np.float64)
+    np.add.at(sums, caption_of_row, embeds)
+    return (sums / np.bincount(caption_of_row, minlength=num_captions)[:, None]).astype(np.float32)
+
+
+def evaluate(f, model, evaluation, out_dir: pathlib.Path, title: str) -> dict:
+    """Retrieval metrics + separability S (and its histogram PNG) on the evaluation split."""
+    from tf_twobranch.evaluation import retrieval, separability
+    from tf_twobranch.sampling import dual_path as dp
+
+    test = dp.test_datasets(evaluation, resize_to=f.resize_to, crop_size=f.image_size,
+                            text_shift=f.test_text_shift, flip_images=False)
+    images, rows = _test_arrays(test)
+    image_embeds = model.embed_images(images, flip_average=True)
+    text_embeds = _text_embeds(model, rows, test.caption_of_row, evaluation.num_captions)
+    norm = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
+    image_embeds, text_embeds = norm(image_embeds.astype(np.float64)), norm(text_embeds)
+    caption_image = evaluation.caption_image
+    if f.dataset_kind == "pedes":
+        caption_class = evaluation.image_class[caption_image]
+        ranks = retrieval.group_ranks(text_embeds, image_embeds, caption_class,
+                                      evaluation.image_class)
+        metrics = retrieval.metrics_from_ranks(ranks, prefix="t2i_")
+    else:
+        metrics = retrieval.evaluate_protocol(image_embeds, text_embeds, caption_image,
+                                              f.protocol)
+    positives, negatives = separability.pair_similarities(image_embeds, text_embeds,
+                                                          caption_image, seed=f.seed)
+    png = out_dir / "similarity_histogram.png"
+    metrics["separability_S"] = separability.plot_similarity_histograms(
+        positives, negatives, png, title=title)
+    metrics["mean_positive_similarity"] = float(positives.mean())
+    metrics["mean_negative_similarity"] = float(negatives.mean())
+    logging.info("%s: %s (histogram %s)", title, {k: round(v, 3) for k, v in metrics.items()}, png)
+    return metrics
+
+
+def run(f) -> dict:
+    """Runs one table row; returns the results record (also written as JSON)."""
+    import keras
+
+    from tf_twobranch import distribute
+    from tf_twobranch.models.dual_path import DualPathModel, save_dual_path_config
+    from tf_twobranch.sampling import dual_path as dp
+    from tf_twobranch.speed import set_precision
+    from tf_twobranch.training import trainer
+
+    start = time.time()
+    profile = PEDES_EMBEDDED_PROFILE if f.dataset_kind == "pedes" else EMBEDDED_PROFILE
+    applied = common.apply_embedded_profile(f, profile)
+    if applied:
+        logging.info("embedded dataset: using its profile defaults %s", applied)
+    stages = _stages(f.stages)
+    lambdas = {s: _lambdas(f[f"stage{s}_lambdas"].value, f"stage{s}_lambdas") for s in (1, 2)}
+    row_name = f.row_name or "instance_loss"
+    run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
+    source, train, evaluation, word_vectors = load_data(f, run_dir)
+    config = build_config(f, train)
+    matrix = _word_matrix(train, word_vectors, f.word_dim, f.seed)
+    set_precision(f.precision)
+    keras.utils.set_random_seed(f.seed)
+    strategy = trainer.get_strategy(f.strategy)
+    with strategy.scope():
+        model = DualPathModel(config, matrix).build_all()
+    record = {"row": row_name, "dataset": str(source), "dataset_kind": f.dataset_kind,
+              "flags": f.flag_values_dict(), "paper": common.paper_numbers(f.paper_results),
+              "paper_dataset": f.paper_dataset, "num_train_images": train.num_images,
+              "num_classes": config.num_classes, "vocabulary_size": config.vocabulary_size,
+              "num_eval_images": evaluation.num_images,
+              "num_eval_captions": evaluation.num_captions, "stages": []}
+    if not f.image_weights:
+        record["note"] = ("image backbone randomly initialised (no --image_weights): "
+                          "not ImageNet features")
+    if f.init_from:
+        record["init_from"] = _initial_weights(model, f.init_from, config.num_classes)
+
+    epoch_offset = 0
+    for stage in stages:
+        stage_dir = run_dir / f"stage{stage}"
+        config.lambda_rank, config.lambda_image, config.lambda_text = lambdas[stage]
+        if stage == 1:
+            model.lambdas = lambdas[1]
+        with strategy.scope():
+            model.set_stage(stage)
+            model.lambdas = lambdas[stage]
+            optimizer = keras.optimizers.SGD(
+                f[f"stage{stage}_learning_rate"].value, momentum=f.momentum,
+                nesterov=f.nesterov, weight_decay=f.weight_decay or None)
+            model.compile(optimizer=optimizer, jit_compile=f.jit_compile)
+        tcfg = trainer.TrainConfig(epochs=f[f"stage{stage}_epochs"].value,
+                                   learning_rate=f[f"stage{stage}_learning_rate"].value,
+                                   optimizer="sgd", seed=f.seed + stage, strategy=f.strategy,
+                                   verbose=f.verbose)
+        steps = dp.steps_per_epoch(train, f.batch_size)
+
+        def global_batches(start_step=0, stage=stage):
+            return dp.index_batches(train, batch_size=f.batch_size, seed=f.seed + stage,
+                                    num_negative_captions=f.num_negative_captions,
+                                    start_step=start_step)
+
+        loader = dp.batch_loader(train, resize_to=f.resize_to, crop_size=f.image_size,
+                                 seed=f.seed + stage, text_shift=f.text_shift)
+        dataset = distribute.distributed_stream(
+            strategy, global_batches,
+            lambda ds: ds.map(loader, num_parallel_calls=4, deterministic=True).prefetch(2))
+        run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
+                      "flags": f.flag_values_dict(), "stage": stage, "task": "dual_path",
+                      "vocabulary": train.vocabulary}
+        trainer.prepare_run_dir(stage_dir, run_config)
+        save_dual_path_config(stage_dir / "dual_path_config.json", config,
+                              vocabulary=train.vocabulary, stage=stage)
+        stage_start = time.time()
+        history = trainer.train(model, dataset, tcfg, stage_dir, steps_per_epoch=steps)
+        metrics = evaluate(f, model, evaluation, stage_dir, f"{row_name} - Stage {stage}")
+        record["stages"].append({
+            "stage": stage, "epochs": tcfg.epochs, "lambdas": list(lambdas[stage]),
+            "history": {k: [float(x) for x in v] for k, v in history.history.items()},
+            "metrics": metrics, "seconds": time.time() - stage_start,
+            "run_dir": str(stage_dir)})
+        epoch_offset += tcfg.epochs
+    record["metrics"] = record["stages"][-1]["metrics"] if record["stages"] else {}
+    if f.export and record["stages"]:
+        from tf_twobranch.export_dual_path import export_dual_path
+        record["export_dir"] = str(export_dual_path(
+            model, train.vocabulary, run_dir / "export", resize_to=f.resize_to,
+            run_config={"model": config.to_dict(), "flags": f.flag_values_dict()}))
+    record["seconds"] = time.time() - start
+    common.write_json(f.out_json or run_dir / "results.json", record)
+    return record
+
+
+def format_record(record: dict) -> str:
+    if record["dataset_kind"] == "pedes":
+        lines = [f"Person search (text query), {record['num_eval_images']} images, "
+                 f"{record['num_eval_captions']} captions",
+                 f"{'Method':40} |   R@1    R@5   R@10  med r |     S"]
+        for st in record["stages"]:
+            m = st["metrics"]
+            lines.append(f"{record['row'] + ' - Stage ' + str(st['stage']):40} | "
+                         f"{m['t2i_r1']:5.1f}  {m['t2i_r5']:5.1f}  {m['t2i_r10']:5.1f}  "
+                         f"{m['t2i_medr']:5.0f} | {m['separability_S']:.3f}")
+        if record["paper"]:
+            lines.append(f"{'paper':40} | " + "  ".join(f"{v:5.1f}" for v in record["paper"]))
+        return "\n".join(lines)
+    rows = [{"name": f"{record['row']} - Stage {st['stage']}", "metrics": st["metrics"],
+             "paper": record["paper"] if i == len(record["stages"]) - 1 else None}
+            for i, st in enumerate(record["stages"])]
+    table = common.format_retrieval_table(
+        f"Dual-path CNN ({record['num_eval_images']} images, {record['num_eval_captions']} "
+        f"captions); paper numbers: {record['paper_dataset']}", rows)
+    s_values = ", ".join(f"Stage {st['stage']}: S = {st['metrics']['separability_S']:.4f}"
+                         for st in record["stages"])
+    return f"{table}\nseparability (eq. 10): {s_values}"
+
+
+def main(argv):
+    del argv
+    f = flags.FLAGS
+    try:
+        record = run(f)
+    except common.UserInputError as e:
+        common.exit_with_user_error(e)
+    print(format_record(record))
+    if record.get("export_dir"):
+        print(f"SavedModel: {record['export_dir']}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
