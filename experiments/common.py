@@ -53,6 +53,13 @@ def define_run_flags(fv, *, export_help: str, paper_results_help: str) -> None:
                       "mixed_bfloat16 on CPU/GPU, mixed_float16 on GPU only.", **d)
     flags.DEFINE_bool("jit_compile", False, "XLA-compile the whole training step.", **d)
     flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
+    flags.DEFINE_integer("backup_every_steps", 0,
+                         "Preemption backup every this many training steps within an epoch "
+                         "(0 = at epoch ends only); a run restarted with the same command "
+                         "resumes at the backed-up step.", **d)
+    flags.DEFINE_bool("deterministic", False,
+                      "Deterministic TF kernels and seeded RNGs (a resumed run then ends with "
+                      "the weights of an uninterrupted one; slower on GPU).", **d)
     flags.DEFINE_integer("verbose", 1, "Keras progress bar (0 = silent).", **d)
     flags.DEFINE_string("run_dir", "", "Run directory (default runs/<row_name>).", **d)
     flags.DEFINE_bool("export", True, export_help, **d)

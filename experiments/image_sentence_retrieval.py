@@ -195,10 +195,14 @@ def run(f) -> dict:
         tcfg = trainer.TrainConfig(epochs=f.epochs,
                                    learning_rate=f.learning_rate * f.learning_rate_scale,
                                    lr_schedule=f.lr_schedule, seed=f.seed,
-                                   strategy=f.strategy, verbose=f.verbose)
+                                   strategy=f.strategy, verbose=f.verbose,
+                                   backup_every_steps=f.backup_every_steps,
+                                   deterministic=f.deterministic)
         tcfg.validate()
         import keras
         keras.utils.set_random_seed(f.seed)
+        if f.deterministic:
+            trainer.make_deterministic(f.seed)  # before the model is built
         from tf_twobranch.models.two_branch import build_model
         from tf_twobranch.speed import set_precision
         set_precision(f.precision)

@@ -27,7 +27,9 @@ from experiments import common
 # The embedded scenes are 96-pixel JPEGs with a ~130-word vocabulary; the
 # profile keeps the paper's architecture (ResNet-50 image CNN, 3-4-6-3 text
 # CNN) at a size a 2-core CPU trains in minutes: 64-pixel crops, a text CNN of
-# width 16 (64 → 1024 channels instead of 256 → 2048), 512-d features and
+# width 16 (64 → 1024 channels instead of 256 → 2048), 64-d word vectors (the
+# vocabulary has ~130 words, so the PPMI-SVD stand-in for word2vec cannot have
+# 300 dimensions), 512-d features and
 # 1,000 training images (= 1,000 instance classes). No ImageNet weights exist
 # here, so the backbone starts from random initialisation; the learning rates
 # are raised accordingly (the paper's 0.001 moves a randomly initialised
@@ -35,7 +37,7 @@ from experiments import common
 EMBEDDED_PROFILE = {"image_size": 64, "resize_to": 72, "text_width": 16, "hidden_dim": 512,
                     "embed_dim": 512, "max_train_images": 1000, "stage1_epochs": 8,
                     "stage2_epochs": 4, "stage1_learning_rate": 0.01,
-                    "stage2_learning_rate": 0.005, "dropout": 0.5}
+                    "stage2_learning_rate": 0.005, "dropout": 0.5, "word_dim": 64}
 PEDES_EMBEDDED_PROFILE = {**EMBEDDED_PROFILE, "max_len": 32}
 
 
@@ -335,6 +337,8 @@ def run(f) -> dict:
     matrix = _word_matrix(train, word_vectors, f.word_dim, f.seed)
     set_precision(f.precision)
     keras.utils.set_random_seed(f.seed)
+    if f.deterministic:
+        trainer.make_deterministic(f.seed)  # before the model is built
     strategy = trainer.get_strategy(f.strategy)
     with strategy.scope():
         model = DualPathModel(config, matrix).build_all()
@@ -366,7 +370,8 @@ def run(f) -> dict:
         tcfg = trainer.TrainConfig(epochs=f[f"stage{stage}_epochs"].value,
                                    learning_rate=f[f"stage{stage}_learning_rate"].value,
                                    optimizer="sgd", seed=f.seed + stage, strategy=f.strategy,
-                                   verbose=f.verbose)
+                                   verbose=f.verbose, backup_every_steps=f.backup_every_steps,
+                                   deterministic=f.deterministic)
         steps = dp.steps_per_epoch(train, f.batch_size)
 
         def global_batches(start_step=0, stage=stage):

@@ -235,9 +235,13 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     from tf_twobranch.training import trainer
     config = build_config(f, data.region_features.shape[1], data.phrase_features.shape[1])
     tcfg = trainer.TrainConfig(epochs=f.epochs, learning_rate=f.learning_rate, seed=f.seed,
-                               strategy=f.strategy, verbose=f.verbose)
+                               strategy=f.strategy, verbose=f.verbose,
+                               backup_every_steps=f.backup_every_steps,
+                               deterministic=f.deterministic)
     tcfg.validate()
     keras.utils.set_random_seed(f.seed)
+    if f.deterministic:
+        trainer.make_deterministic(f.seed)  # before the model is built
     strategy = trainer.get_strategy(f.strategy)
     from tf_twobranch.speed import set_precision
     set_precision(f.precision)
