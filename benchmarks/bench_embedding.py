@@ -99,36 +99,106 @@ def _quick_matmul_gflops(tf, seconds=0.6):
     return statistics.median(rates)
 
 
-def _paper_batch(tf, np, seed=0):
+# Paper sizes of the models of the two-branch paper (TPAMI §5.1, §5.3), and the
+# smallest sizes exercising the same code (smoke tests). Batch: `num_images`
+# images x `sample_size` sentences each (embedding, LSTM); the similarity
+# network takes num_images x sample_size positive pairs plus as many negatives.
+PAPER_SIZES = dict(image_dim=4096, text_dim=6000, hidden=2048, embed=512, num_images=NUM_IMAGES,
+                   sample_size=SAMPLE_SIZE, vocabulary_size=20074, max_len=32, word_dim=256,
+                   lstm_units=512, lstm_text_hidden=1024, similarity_head=(512, 256))
+TOY_SIZES = dict(image_dim=16, text_dim=24, hidden=16, embed=8, num_images=12, sample_size=2,
+                 vocabulary_size=30, max_len=8, word_dim=8, lstm_units=8, lstm_text_hidden=8,
+                 similarity_head=(8, 4))
+MODEL_KINDS = ("embedding", "similarity", "lstm")
+
+
+def model_config(kind: str = "embedding", sizes: dict = PAPER_SIZES):
+    """`TwoBranchConfig` of the embedding / similarity network or the LSTM text branch."""
+    from tf_twobranch.models.two_branch import TwoBranchConfig
+    common_kw = dict(image_dim=sizes["image_dim"], image_hidden=(sizes["hidden"],),
+                     embed_dim=sizes["embed"])
+    if kind == "lstm":
+        vocabulary = ["<pad>", "<unk>"] + [f"w{i}" for i in range(2, sizes["vocabulary_size"])]
+        return TwoBranchConfig(**common_kw, text_dim=1, text_hidden=(sizes["lstm_text_hidden"],),
+                               text_encoder="lstm", vocabulary=vocabulary,
+                               max_len=sizes["max_len"], word_dim=sizes["word_dim"],
+                               lstm_units=sizes["lstm_units"])
+    return TwoBranchConfig(**common_kw, kind=kind, text_dim=sizes["text_dim"],
+                           text_hidden=(sizes["hidden"],),
+                           similarity_head=sizes["similarity_head"])
+
+
+def examples_per_batch(kind: str = "embedding", sizes: dict = PAPER_SIZES) -> int:
+    """Image-sentence pairs of one training batch (texts; pairs for the similarity network)."""
+    texts = sizes["num_images"] * sizes["sample_size"]
+    return 2 * texts if kind == "similarity" else texts
+
+
+def _paper_batch(tf, np, seed=0, kind: str = "embedding", sizes: dict = PAPER_SIZES):
     rng = np.random.default_rng(seed)
+    n_img, per = sizes["num_images"], sizes["sample_size"]
+    n_txt = n_img * per
+    if kind == "similarity":   # positives, then one negative (another image's caption) each
+        labels = np.concatenate([np.ones(n_txt, np.int32), np.zeros(n_txt, np.int32)])
+        return {"image": tf.constant(rng.standard_normal((2 * n_txt, sizes["image_dim"]), np.float32)),
+                "text": tf.constant(rng.random((2 * n_txt, sizes["text_dim"]), np.float32)),
+                "labels": tf.constant(labels)}
+    if kind == "lstm":
+        lengths = rng.integers(min(8, sizes["max_len"]), sizes["max_len"] + 1, size=n_txt)
+        ids = np.zeros((n_txt, sizes["max_len"]), np.int32)
+        for row, n in enumerate(lengths):
+            ids[row, :n] = rng.integers(2, sizes["vocabulary_size"], size=n)
+        text = tf.constant(ids)
+    else:
+        text = tf.constant(rng.random((n_txt, sizes["text_dim"]), np.float32))
     return {
-        "image": tf.constant(rng.standard_normal((NUM_IMAGES, 4096), np.float32)),
-        "text": tf.constant(rng.random((NUM_TEXTS, 6000), np.float32)),
-        "labels": tf.constant(np.repeat(np.eye(NUM_IMAGES, dtype=bool), SAMPLE_SIZE, axis=0)),
+        "image": tf.constant(rng.standard_normal((n_img, sizes["image_dim"]), np.float32)),
+        "text": text,
+        "labels": tf.constant(np.repeat(np.eye(n_img, dtype=bool), per, axis=0)),
     }
 
 
-def _feature_dataset(np, num_images=2000, seed=0):
+def _feature_dataset(np, num_images=2000, seed=0, sizes: dict = PAPER_SIZES):
     """`attach_features` over `image_sentence_batches` with random features."""
     from tf_twobranch.sampling.image_sentence import attach_features, image_sentence_batches
     rng = np.random.default_rng(seed)
     caption_image = np.repeat(np.arange(num_images), CAPTIONS_PER_IMAGE)
-    image_features = rng.standard_normal((num_images, 4096), np.float32)
-    text_features = rng.random((len(caption_image), 6000), np.float32)
-    ds = image_sentence_batches(caption_image, num_images, batch_size=NUM_IMAGES,
-                                sample_size=SAMPLE_SIZE, seed=seed)
+    image_features = rng.standard_normal((num_images, sizes["image_dim"]), np.float32)
+    text_features = rng.random((len(caption_image), sizes["text_dim"]), np.float32)
+    ds = image_sentence_batches(caption_image, num_images, batch_size=sizes["num_images"],
+                                sample_size=sizes["sample_size"], seed=seed)
     ds = attach_features(ds, image_features, text_features)
     # The model only needs these keys; the index keys stay in the batch as in fit().
     return ds
 
 
-def _make_variant_model(variant: str):
+def pipeline_child(batches: int = 30, warmup: int = 3, num_images: int = 2000,
+                   sizes: dict = PAPER_SIZES) -> dict:
+    """Batches/s of `image_sentence_batches` + `attach_features` alone (random features in RAM)."""
+    _quiet_tf()
+    import numpy as np
+    iterator = iter(_feature_dataset(np, num_images=num_images, sizes=sizes))
+    for _ in range(warmup):
+        next(iterator)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        batch = next(iterator)
+    seconds = time.perf_counter() - t0
+    return {"batches": batches, "seconds": seconds, "batches_per_second": batches / seconds,
+            "batch_shapes": {k: list(v.shape) for k, v in batch.items()},
+            "batch_bytes": int(sum(v.numpy().nbytes for v in batch.values())),
+            "gallery_images": num_images, "loadavg": os.getloadavg()[0]}
+
+
+def _make_variant_model(variant: str, kind: str = "embedding", sizes: dict = PAPER_SIZES):
     """The package's model, or a copy with one candidate change to the step."""
     import tensorflow as tf
     from tf_twobranch import losses
-    from tf_twobranch.models.two_branch import TwoBranchConfig, TwoBranchModel
+    from tf_twobranch.models.two_branch import TwoBranchModel
 
-    config = TwoBranchConfig(**PAPER_MODEL)
+    config = model_config(kind, sizes)
+    if variant != "package" and kind != "embedding":
+        raise ValueError(f"variant {variant!r} exists for the embedding network only")
     if variant == "package":
         model = TwoBranchModel(config)
     elif variant == "xla_adam":
@@ -229,23 +299,32 @@ def static_shape_ranking_loss(image_embeds, text_embeds, labels, *, margin=0.05,
 
 
 def _train_child(jit_compile: bool, input_path: str, variant: str, steps: int,
-                 warmup: int, inter_op_threads: int | None) -> dict:
+                 warmup: int, inter_op_threads: int | None, precision: str = "float32",
+                 kind: str = "embedding", sizes: dict = PAPER_SIZES) -> dict:
+    """Timed Keras train steps of one model (`kind`: embedding, similarity, lstm).
+
+    `precision` is the Keras dtype policy the model is built under
+    (`tf_twobranch.speed`); `input_path` "fixed" (one in-memory batch) or
+    "tfdata" (the feature pipeline; embedding network only).
+    """
     _quiet_tf()
     import numpy as np
     import tensorflow as tf
     import keras
+    from tf_twobranch.speed import precision_scope
     if inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
     keras.utils.set_random_seed(0)
-    model = _make_variant_model(variant)
+    with precision_scope(precision):
+        model = _make_variant_model(variant, kind, sizes)
     model.compile(optimizer=keras.optimizers.Adam(1e-4), jit_compile=jit_compile)
     model.optimizer.build(model.trainable_variables)
     model.make_train_function()
     if input_path == "fixed":
-        batch = _paper_batch(tf, np)
+        batch = _paper_batch(tf, np, kind=kind, sizes=sizes)
         next_input = lambda: iter([batch])  # noqa: E731  (the non-tf.data branch of fit's function)
     else:
-        iterator = iter(_feature_dataset(np))  # a tf.data.Iterator, as fit() uses
+        iterator = iter(_feature_dataset(np, sizes=sizes))  # a tf.data.Iterator, as fit() uses
         next_input = lambda: iterator  # noqa: E731
     t0 = time.perf_counter()
     try:
@@ -256,7 +335,8 @@ def _train_child(jit_compile: bool, input_path: str, variant: str, steps: int,
     warmup_seconds = time.perf_counter() - t0
     # Steps interleaved with a reference matmul, so both see the same load
     # from other processes on a shared machine.
-    ref = tf.random.stateless_normal([2048, 2048], seed=[1, 2])
+    ref_n = 2048 if sizes["image_dim"] >= 1024 else 64   # toy sizes: a token matmul
+    ref = tf.random.stateless_normal([ref_n, ref_n], seed=[1, 2])
     tf.matmul(ref, ref)
     times, mm_rates = [], []
     for _ in range(steps):
@@ -267,9 +347,12 @@ def _train_child(jit_compile: bool, input_path: str, variant: str, steps: int,
         for _ in range(3):
             c = tf.matmul(ref, ref)
         _ = c.shape
-        mm_rates.append(3 * 2.0 * 2048 ** 3 / (time.perf_counter() - t0) / 1e9)
+        mm_rates.append(3 * 2.0 * ref_n ** 3 / (time.perf_counter() - t0) / 1e9)
     return {"step_seconds_median": statistics.median(times), "step_seconds_min": min(times),
             "step_seconds_all": times, "warmup_seconds": warmup_seconds,
+            "kind": kind, "precision": precision,
+            "examples_per_second": examples_per_batch(kind, sizes) / statistics.median(times),
+            "trainable_parameters": sum(int(v.numpy().size) for v in model.trainable_variables),
             "matmul_gflops_same_process": statistics.median(mm_rates),
             "matmul_gflops_same_process_all": mm_rates,
             "loadavg": os.getloadavg()[0]}
@@ -444,6 +527,26 @@ def _eval_time_child(image_counts, chunk_size, repeats) -> list:
                      "seconds_median": r["median"], "seconds_all": r["all"],
                      "metrics": _eval_run(state)})
     return rows
+
+
+def measure_evaluation(num_images: int, chunk_size: int = 2048, repeats: int = 3) -> dict:
+    """Time and peak memory of `retrieval_metrics` at num_images x 5·num_images (512-d).
+
+    One fresh subprocess: `repeats` calls after a cold one (tracing / XLA
+    compile); peak RSS increase over the baseline after imports and inputs
+    (`common.measure_peak_memory`). Inputs are random unit vectors, captions
+    near their image.
+    """
+    m = common.measure_peak_memory(_eval_setup, _eval_run, (num_images, chunk_size),
+                                   repeats=1 + repeats)
+    return {"images": num_images, "captions": num_images * CAPTIONS_PER_IMAGE, "dim": EVAL_DIM,
+            "chunk_size": chunk_size, "input_bytes": num_images * (1 + CAPTIONS_PER_IMAGE) * EVAL_DIM * 4,
+            # the module's bound: one (images x chunk) block of float32 + bool
+            "chunk_bound_bytes": num_images * chunk_size * 5,
+            "full_matrix_bytes": num_images * num_images * CAPTIONS_PER_IMAGE * 4,
+            **{k: m[k] for k in ("method", "cold_peak_bytes", "warm_peak_bytes",
+                                        "cold_seconds", "warm_seconds")},
+            "metrics": m["result"]}
 
 
 def _naive_setup(num_images: int):

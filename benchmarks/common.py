@@ -213,6 +213,28 @@ def time_repeats(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) ->
     return {"median": statistics.median(times), "min": min(times), "all": times}
 
 
+def time_train_steps(train_function: Callable, next_input: Callable[[], Any], *, steps: int = 3,
+                     warmup: int = 1) -> dict:
+    """Seconds per call of a Keras ``model.train_function`` (``make_train_function``).
+
+    `next_input()` returns what the function takes: ``iter([batch])`` for a
+    fixed in-memory batch, or a `tf.data` iterator (as ``fit`` feeds it).
+    ``float(loss)`` waits for each step. The `warmup` calls (tracing, oneDNN
+    primitive creation, first-touch allocations) are timed separately.
+    """
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        float(train_function(next_input())["loss"])
+    warmup_seconds = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        float(train_function(next_input())["loss"])
+        times.append(time.perf_counter() - t0)
+    return {"step_seconds_median": statistics.median(times), "step_seconds_min": min(times),
+            "step_seconds_all": times, "warmup_seconds": warmup_seconds}
+
+
 def _matmul_child(shapes, repeats, min_seconds, threads):
     import tensorflow as tf
     if threads:
@@ -262,6 +284,25 @@ def measure_matmul_gflops(shapes: Sequence[tuple[int, int, int, bool]] = DEFAULT
 
 
 # --- output ----------------------------------------------------------------
+
+def fmt_bytes(b: float) -> str:
+    """Bytes as MiB with thousands separators."""
+    return f"{b / MiB:,.0f} MiB"
+
+
+def start_report(**extra) -> tuple[dict, list, float]:
+    """(report dict with machine and load average, first output lines, start time)."""
+    started = time.time()
+    report = {"machine": machine_description(), "loadavg_start": os.getloadavg(),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
+    m = report["machine"]
+    lines = [f"Machine: {m['cpu_model']}, {m['cpu_count']} cores, AVX-512: {m['avx512']} "
+             f"({', '.join(m['simd_flags'])}), {m['mem_total_gib']} GiB, Python {m['python']}, "
+             f"TF {m.get('tensorflow')}, Keras {m.get('keras')}; load average at start "
+             f"{report['loadavg_start'][0]:.2f} (1 min), {report['loadavg_start'][1]:.2f} (5 min)",
+             ""]
+    return report, lines, started
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
     """A plain-text table with right-aligned numbers."""
