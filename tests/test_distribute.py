@@ -7,8 +7,11 @@ subprocesses: TF fixes its device layout at start-up, and two
 import json
 import os
 import socket
+import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +21,8 @@ from tf_twobranch import distribute
 from tf_twobranch.errors import ConfigError
 
 TOLERANCE = 2e-5  # float32 summation order differs between all-reduce and one device
+# (measured: 9.5e-7 max abs difference after 8 SGD steps through trainer.train)
+TRAIN_ARGS = ("--epochs=2", "--steps=4", "--backup_every_steps=2")
 
 
 def test_split_global_batch_cuts_tower_rows_and_keeps_masks_global():
@@ -79,38 +84,133 @@ def _free_ports(n):
 
 @pytest.fixture(scope="module")
 def single_device_weights(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single") / "w.npz"
-    _run_check(out, "--steps=3")
-    return _weights(out)
+    """An uninterrupted single-process run through trainer.train (2 epochs of 4 steps)."""
+    base = tmp_path_factory.mktemp("single")
+    _run_check(base / "w.npz", f"--run_dir={base / 'run'}", *TRAIN_ARGS)
+    return _weights(base / "w.npz")
 
 
-@pytest.mark.slow
-def test_two_worker_processes_match_single_process_run(tmp_path, single_device_weights):
+def _start_workers(tmp_path, run_dir, *args, tag=""):
+    """Two MultiWorkerMirroredStrategy processes on fresh local ports, sharing `run_dir`."""
     ports = _free_ports(2)
     workers = []
     for index in range(2):
         tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                      "task": {"type": "worker", "index": index}}
+        private_tmp = tmp_path / f"tmp{index}"  # where a non-chief writes its copies
+        private_tmp.mkdir(exist_ok=True)
         workers.append(_run_check(tmp_path / f"w{index}.npz", "--strategy=multi_worker",
-                                  "--steps=3", env={"TF_CONFIG": json.dumps(tf_config)},
+                                  f"--run_dir={run_dir}", *TRAIN_ARGS, *args,
+                                  env={"TF_CONFIG": json.dumps(tf_config),
+                                       "TMPDIR": str(private_tmp)},
                                   background=True))
+    return workers
+
+
+def _finish(workers, timeout=300):
+    outputs = []
     for proc in workers:
         try:
-            output, _ = proc.communicate(timeout=300)
+            output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for p in workers:
                 p.kill()
             raise
-        assert proc.returncode == 0, output
-        assert "replicas=2" in output, output
+        assert proc.returncode == 0, output[-5000:]
+        assert "replicas=2" in output, output[-5000:]
+        outputs.append(output)
+    return outputs
+
+
+def _assert_only_chief_wrote(tmp_path, run_dir: pathlib.Path, non_chief_pids, killed_runs=0):
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "epoch_0001.weights.h5", "epoch_0002.weights.h5", "latest.weights.h5"]
+    assert not (run_dir / "backup").exists()  # a finished run deletes its backup
+    assert not list(run_dir.rglob(".tmp_*"))
+    events = [e.name for e in (run_dir / "logs").rglob("events.out.tfevents.*")]
+    assert events and not [e for e in events for pid in non_chief_pids if f".{pid}." in e]
+    # The non-chief's private directory is gone (a SIGKILLed one cannot clean up).
+    assert len(list((tmp_path / "tmp1").glob("tf_twobranch_*"))) == killed_runs
+    assert not list((tmp_path / "tmp0").glob("tf_twobranch_*"))
+
+
+@pytest.mark.slow
+def test_two_worker_processes_match_single_process_run(tmp_path, single_device_weights):
+    run_dir = tmp_path / "run"
+    workers = _start_workers(tmp_path, run_dir)
+    outputs = _finish(workers)
+    assert all("resumed_from=null" in out for out in outputs)
     w0, w1 = _weights(tmp_path / "w0.npz"), _weights(tmp_path / "w1.npz")
     _assert_same_weights(w0, w1, tol=0.0)  # workers stay in lock-step
     _assert_same_weights(w0, single_device_weights)
+    _assert_only_chief_wrote(tmp_path, run_dir, [workers[1].pid])
 
 
-def test_two_mirrored_replicas_match_single_device(tmp_path, single_device_weights):
+def _wait_for_pause(workers, timeout=120):
+    """Waits until every worker printed PAUSED (after its step-6 backup)."""
+    deadline = time.monotonic() + timeout
+    lines = [[] for _ in workers]
+    for proc, seen in zip(workers, lines):
+        while True:
+            assert time.monotonic() < deadline, "workers did not pause: " + repr(lines)
+            line = proc.stdout.readline()
+            assert line, "worker exited before pausing: " + "".join(seen)[-5000:]
+            seen.append(line)
+            if line.startswith("PAUSED"):
+                break
+    return lines
+
+
+@pytest.mark.slow
+def test_both_workers_sigkilled_mid_epoch_resume_to_the_uninterrupted_weights(
+        tmp_path, single_device_weights):
+    run_dir = tmp_path / "run"
+    # Step 6 = batch 2 of epoch 2: a mid-epoch backup (every 2 steps) exists.
+    workers = _start_workers(tmp_path, run_dir, "--pause_after_step=6")
+    try:
+        _wait_for_pause(workers)
+    finally:
+        for proc in workers:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    state = json.loads(next((run_dir / "backup").glob("*/state.json")).read_text())
+    assert (state["epoch"], state["batch"], state["call_step"]) == (1, 2, 6)
+    assert not (tmp_path / "w0.npz").exists()
+    # The same commands (new ports: the killed workers' may still be held).
+    restarted = _start_workers(tmp_path, run_dir, "--pause_after_step=6")
+    outputs = _finish(restarted)
+    for out in outputs:
+        assert 'resumed_from={"epoch": 1, "batch": 2, "call_step": 6}' in out, out[-3000:]
+    w0, w1 = _weights(tmp_path / "w0.npz"), _weights(tmp_path / "w1.npz")
+    _assert_same_weights(w0, w1, tol=0.0)
+    _assert_same_weights(w0, single_device_weights)
+    _assert_only_chief_wrote(tmp_path, run_dir, [workers[1].pid, restarted[1].pid],
+                             killed_runs=1)
+
+
+def test_two_mirrored_replicas_match_single_device(tmp_path):
+    _run_check(tmp_path / "s.npz", "--steps=3")
     _run_check(tmp_path / "m.npz", "--strategy=mirrored", "--cpu_replicas=2", "--steps=3")
-    _assert_same_weights(_weights(tmp_path / "m.npz"), single_device_weights)
+    _assert_same_weights(_weights(tmp_path / "m.npz"), _weights(tmp_path / "s.npz"))
+
+
+def test_chief_is_task_chief_or_worker_zero(monkeypatch):
+    from tf_twobranch.training import trainer
+    cluster = {"worker": ["a:1", "b:2"]}
+    for task, chief in (({"type": "worker", "index": 0}, True),
+                        ({"type": "worker", "index": 1}, False)):
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
+        assert trainer.is_chief() is chief
+    with_chief = {"chief": ["c:0"], **cluster}
+    for task, chief in (({"type": "chief", "index": 0}, True),
+                        ({"type": "worker", "index": 0}, False)):
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": with_chief, "task": task}))
+        assert trainer.is_chief() is chief
+    monkeypatch.delenv("TF_CONFIG")
+    assert trainer.is_chief() and trainer.is_chief(tf.distribute.get_strategy())
+    monkeypatch.setenv("TF_CONFIG", "not json")
+    with pytest.raises(ConfigError, match="TF_CONFIG"):
+        trainer.is_chief()
 
 
 @pytest.mark.slow

@@ -16,10 +16,19 @@ Usage (one worker of two)::
 
 `--strategy=mirrored --cpu_replicas=2` splits this machine's CPU into two
 logical devices, for a single-process check.
+
+`--run_dir=DIR` trains through `trainer.train` (the path the experiments
+take: checkpoints, mid-epoch backups, resume) with
+`distribute.distributed_stream`; give every worker the same DIR (a shared
+filesystem).  `--pause_after_step=N` then prints ``PAUSED step=N`` after the
+step-N batch (and its backup) and sleeps, so that a test can SIGKILL the
+workers there; the same command resumes from the backup.  Without
+`--run_dir` it calls `model.fit` directly.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -39,6 +48,13 @@ def _parse(argv):
     p.add_argument("--cpu_replicas", type=int, default=1,
                    help="logical CPU devices for --strategy=mirrored")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run_dir", default="",
+                   help="train through trainer.train into this run directory (--steps is then "
+                        "the steps per epoch)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs (with --run_dir)")
+    p.add_argument("--backup_every_steps", type=int, default=0, help="(with --run_dir)")
+    p.add_argument("--pause_after_step", type=int, default=0,
+                   help="(with --run_dir) print PAUSED and sleep after this global step")
     return p.parse_args(argv)
 
 
@@ -75,23 +91,57 @@ def main(argv=None) -> int:
         model.compile(optimizer=keras.optimizers.SGD(0.5), xla_optimizer_update=False)
 
     if args.model == "embedding":
-        def batches():
+        def batches(start_step=0):
             return sampling.image_sentence_batches(caption_image, num_images,
                                                    batch_size=args.batch_images,
-                                                   sample_size=args.sample_size, seed=args.seed)
+                                                   sample_size=args.sample_size, seed=args.seed,
+                                                   start_step=start_step)
     else:
-        def batches():
+        def batches(start_step=0):
             return sampling.similarity_pair_batches(caption_image, num_images,
-                                                    batch_size=args.batch_images, seed=args.seed)
+                                                    batch_size=args.batch_images, seed=args.seed,
+                                                    start_step=start_step)
 
-    dataset = distribute.distribute_global_batches(
-        strategy, batches, lambda ds: sampling.attach_features(ds, image_feats, text_feats))
-    history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
+    def attach(ds):
+        return sampling.attach_features(ds, image_feats, text_feats)
+
+    if args.run_dir:
+        history = _train_through_trainer(args, model, strategy,
+                                         distribute.distributed_stream(strategy, batches, attach))
+    else:
+        dataset = distribute.distribute_global_batches(strategy, batches, attach)
+        history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
     weights = {f"{i:03d}_{v.path}": np.asarray(v.numpy()) for i, v in enumerate(model.weights)}
     np.savez(args.out, losses=np.asarray(history.history["loss"]), **weights)
     print(f"replicas={strategy.num_replicas_in_sync} loss={history.history['loss'][-1]:.6f} "
           f"-> {args.out}")
+    if args.run_dir:
+        print(f"resumed_from={json.dumps(history.resumed_from)}")
     return 0
+
+
+def _train_through_trainer(args, model, strategy, stream):
+    import time
+
+    import keras
+
+    from tf_twobranch.training import trainer
+
+    class PauseAfterStep(keras.callbacks.Callback):
+        # After the backup callback (train() puts extra callbacks last).
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            if step == args.pause_after_step:
+                print(f"PAUSED step={step}", flush=True)
+                time.sleep(3600)
+
+    tcfg = trainer.TrainConfig(epochs=args.epochs, seed=args.seed, verbose=0,
+                               backup_every_steps=args.backup_every_steps, deterministic=True)
+    trainer.prepare_run_dir(args.run_dir, {"check": vars(args) | {"out": None,
+                                                                   "pause_after_step": None}},
+                            strategy)
+    return trainer.train(model, stream, tcfg, args.run_dir, steps_per_epoch=args.steps,
+                         extra_callbacks=[PauseAfterStep()] if args.pause_after_step else ())
 
 
 if __name__ == "__main__":

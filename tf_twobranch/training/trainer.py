@@ -10,6 +10,16 @@ A run directory holds everything needed to rebuild the model:
       logs/                    TensorBoard
       results.json             evaluation results (written by experiments)
       export/                  SavedModel (written by tf_twobranch.export)
+
+Multi-worker training (`MultiWorkerMirroredStrategy`): `run_dir` must be on a
+filesystem every worker sees (as on a cluster).  Only the chief (task type
+"chief", or worker 0 when the cluster has no chief; `is_chief`) writes into
+it; the other workers run exactly the same save calls (reading metric
+variables and some weights is a collective op under this strategy, so every
+worker must take part) but into a private temporary directory that `train`
+deletes at the end.  Every worker resumes from the chief's backup in
+`run_dir/backup`, and the workers check, with a collective, that they all
+resume from the same step.
 """
 from __future__ import annotations
 
@@ -51,6 +61,67 @@ def get_strategy(name: str = "default") -> tf.distribute.Strategy:
             raise ConfigError(f"strategy=tpu: no TPU available here ({e})") from None
         return tf.distribute.TPUStrategy(resolver)
     raise ConfigError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
+
+
+def _cluster_resolver(strategy: tf.distribute.Strategy | None):
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    return getattr(strategy, "cluster_resolver", None)
+
+
+def _chief_of(task_type: str | None, task_id: int | None, cluster: dict) -> bool:
+    if not task_type:
+        return True  # not part of a cluster
+    if task_type == "chief":
+        return True
+    return task_type == "worker" and not task_id and "chief" not in cluster
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy | None) -> bool:
+    """True under a `MultiWorkerMirroredStrategy` whose cluster has several workers."""
+    resolver = _cluster_resolver(strategy)
+    if resolver is None:
+        return False
+    cluster = resolver.cluster_spec().as_dict()
+    return sum(len(cluster.get(k, ())) for k in ("chief", "worker")) > 1
+
+
+def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
+    """Whether this process writes the run directory.
+
+    Under a multi-worker strategy: task type "chief", or worker 0 when the
+    cluster has no chief (`strategy.cluster_resolver`).  Without a strategy
+    the `TF_CONFIG` environment variable decides (no TF_CONFIG: chief).
+    Every other strategy runs in one process, which is the chief.
+    """
+    if strategy is not None:
+        resolver = _cluster_resolver(strategy)
+        if resolver is None:
+            return True
+        return _chief_of(resolver.task_type, resolver.task_id,
+                         resolver.cluster_spec().as_dict())
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return True
+    try:
+        tf_config = json.loads(raw)
+        task = tf_config.get("task") or {}
+        return _chief_of(task.get("type"), task.get("index"), tf_config.get("cluster") or {})
+    except (json.JSONDecodeError, AttributeError):
+        raise ConfigError(f"TF_CONFIG is not a JSON object with 'cluster' and 'task': "
+                          f"{raw[:200]!r}") from None
+
+
+def _gather_over_workers(strategy: tf.distribute.Strategy, value: int) -> list[int]:
+    """`value` of every replica of the cluster (a collective: every worker must call it)."""
+    @tf.function
+    def gather():
+        def replica_fn():
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_gather(tf.constant([value], tf.int64), axis=0)
+        return strategy.run(replica_fn)
+    result = strategy.experimental_local_results(gather())[0]
+    return [int(v) for v in np.asarray(result)]
 
 
 @dataclasses.dataclass
@@ -110,14 +181,19 @@ def write_json_atomic(path, payload):
     os.replace(tmp, path)
 
 
-def prepare_run_dir(run_dir, run_config: dict) -> pathlib.Path:
+def prepare_run_dir(run_dir, run_config: dict,
+                    strategy: tf.distribute.Strategy | None = None) -> pathlib.Path:
     """Writes run_config.json; a leftover backup of a *different* run is discarded.
 
     A preempted run restarted with the same command resumes from its backup;
     a backup left by a run with another configuration must not be restored
-    into this one.
+    into this one.  Only the chief (`is_chief(strategy)`; without `strategy`,
+    TF_CONFIG decides) writes or discards anything; `train` makes the other
+    workers wait for the chief before they read the backup.
     """
     run_dir = pathlib.Path(run_dir)
+    if not is_chief(strategy):
+        return run_dir
     config_path = run_dir / "run_config.json"
     backup = run_dir / "backup"
     if backup.exists():
@@ -284,9 +360,13 @@ class TrainingBackup(keras.callbacks.Callback):
     """
 
     def __init__(self, directory: pathlib.Path, *, steps_per_epoch: int, initial_epoch: int,
-                 epochs: int, every_steps: int = 0, guard: NonFiniteLossGuard | None = None):
+                 epochs: int, every_steps: int = 0, guard: NonFiniteLossGuard | None = None,
+                 restore_directory: pathlib.Path | None = None):
         super().__init__()
         self.directory = pathlib.Path(directory)
+        # Where `restore` reads: the chief's backup, also for the other
+        # workers of a multi-worker run (they write `directory`, a temp dir).
+        self.restore_directory = pathlib.Path(restore_directory or directory)
         self.steps_per_epoch = steps_per_epoch
         self.initial_epoch = initial_epoch
         self.epochs = epochs
@@ -302,31 +382,44 @@ class TrainingBackup(keras.callbacks.Callback):
     def state_path(self) -> pathlib.Path:
         return self.directory / "state.json"
 
-    # --- restore -------------------------------------------------------------------
-    def restore(self, model: keras.Model) -> dict | None:
-        """Loads the backup into `model` (built, with its optimizer); returns its state."""
-        remove_stale_temp_files(self.directory)
-        if not self.state_path.exists():
+    def read_state(self) -> dict | None:
+        """The state of the backup to restore from (None: there is none)."""
+        path = self.restore_directory / "state.json"
+        if self.restore_directory == self.directory:
+            remove_stale_temp_files(self.directory)  # only the writer may delete them
+        if not path.exists():
             return None
         try:
-            state = json.loads(self.state_path.read_text(encoding="utf-8"))
+            return json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
-            raise UserInputError(f"{self.state_path}: unreadable training backup ({e}); delete "
-                                 f"{self.directory} to start this run afresh") from None
+            raise UserInputError(f"{path}: unreadable training backup ({e}); delete "
+                                 f"{self.restore_directory} to start this run afresh") from None
+
+    # --- restore -------------------------------------------------------------------
+    def restore(self, model: keras.Model, state: dict | None = ...) -> dict | None:
+        """Loads the backup into `model` (built, with its optimizer); returns its state.
+
+        `state`: what `read_state` returned, when the caller has read it already.
+        """
+        if state is ...:
+            state = self.read_state()
+        if state is None:
+            return None
+        state_path = self.restore_directory / "state.json"
         expected = {"steps_per_epoch": self.steps_per_epoch,
                     "initial_epoch": self.initial_epoch, "epochs": self.epochs}
         if any(state.get(k) != v for k, v in expected.items()):
             raise UserInputError(
-                f"{self.state_path}: the backup was written by a run with "
+                f"{state_path}: the backup was written by a run with "
                 f"{ {k: state.get(k) for k in expected} }, this run has {expected}; delete "
-                f"{self.directory} to start afresh or rerun with the original settings")
-        weights = self.directory / state["weights"]
+                f"{self.restore_directory} to start afresh or rerun with the original settings")
+        weights = self.restore_directory / state["weights"]
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         model.load_weights(weights)
         seeds = _seed_generator_states(model)
         if len(seeds) != len(state["seed_generators"]):
-            raise UserInputError(f"{self.state_path}: the backup has "
+            raise UserInputError(f"{state_path}: the backup has "
                                  f"{len(state['seed_generators'])} random seed generators, the "
                                  f"model {len(seeds)}; it belongs to another model")
         for var, value in zip(seeds, state["seed_generators"]):
@@ -334,7 +427,7 @@ class TrainingBackup(keras.callbacks.Callback):
         iterations = int(model.optimizer.iterations.numpy())
         if iterations != state["optimizer_iterations"]:
             raise UserInputError(f"{weights}: optimizer step {iterations} does not match "
-                                 f"{self.state_path} ({state['optimizer_iterations']})")
+                                 f"{state_path} ({state['optimizer_iterations']})")
         self.history = {k: list(v) for k, v in state["history"].items()}
         self.restored_metrics = state["metrics"] if state["batch"] else None
         self.last_saved = state
@@ -373,6 +466,9 @@ class TrainingBackup(keras.callbacks.Callback):
             # the loss average of its first part.
             for metric, values in zip(self.model.metrics, self.restored_metrics):
                 for var, value in zip(metric.variables, values):
+                    # A sum-aggregated (on-read) metric variable assigned here, in
+                    # cross-replica context, is split over all replicas of the
+                    # cluster by TF, so its (summing) read gives `value` back.
                     var.assign(np.asarray(value, dtype=var.dtype))
             self.restored_metrics = None
 
@@ -404,15 +500,25 @@ def _seed_generator_states(model: keras.Model) -> list:
     return [v for v in model.variables if v.path.endswith("seed_generator_state")]
 
 
-def _dataset_at(dataset, step: int) -> tf.data.Dataset:
-    """The training stream from `step` (counted from the start of this train() call)."""
+def _dataset_at(dataset, step: int, multi_worker_strategy=None):
+    """The training stream from `step` (counted from the start of this train() call).
+
+    With `multi_worker_strategy`, a plain `tf.data.Dataset` is a stream of
+    global batches that every worker builds in full and splits by replica
+    (no per-worker auto-sharding, which would give each worker other batches).
+    """
     if isinstance(dataset, tf.data.Dataset):
         # Runs the pipeline over the skipped batches; a factory can do better.
-        return dataset.skip(step) if step else dataset
-    if callable(dataset):
-        return dataset(step)
-    raise ConfigError(f"train() needs a tf.data.Dataset or a function start_step -> Dataset, "
-                      f"got {type(dataset).__name__}")
+        ds = dataset.skip(step) if step else dataset
+    elif callable(dataset):
+        ds = dataset(step)
+    else:
+        raise ConfigError(f"train() needs a tf.data.Dataset or a function start_step -> "
+                          f"Dataset, got {type(dataset).__name__}")
+    if multi_worker_strategy is not None and isinstance(ds, tf.data.Dataset):
+        from tf_twobranch import distribute
+        ds = distribute.distribute_global_batches(multi_worker_strategy, lambda: ds)
+    return ds
 
 
 def train(model: TwoBranchModel, dataset, cfg: TrainConfig, run_dir,
@@ -435,24 +541,65 @@ def train(model: TwoBranchModel, dataset, cfg: TrainConfig, run_dir,
 
     Raises `UserInputError` when the loss becomes NaN/infinite; the last good
     checkpoint and the backup are kept, and the message names them.
+
+    Under a multi-worker strategy (see the module docstring) only the chief
+    writes `run_dir`; the others write a temporary directory deleted on
+    return.  A plain `tf.data.Dataset` (or a factory returning one) is then
+    taken as the stream of *global* batches: every worker builds it and takes
+    its replicas' rows (`distribute.distribute_global_batches`), instead of
+    Keras' per-worker auto-sharding.
     """
     cfg.validate()
+    strategy = model.distribute_strategy
+    multi_worker = is_multi_worker(strategy)
+    chief = is_chief(strategy)
+    run_dir = pathlib.Path(run_dir)
+    if chief:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return _train(model, dataset, cfg, run_dir, run_dir, strategy, multi_worker,
+                      steps_per_epoch=steps_per_epoch, extra_callbacks=extra_callbacks,
+                      initial_epoch=initial_epoch, epochs=epochs)
+    resolver = _cluster_resolver(strategy)
+    write_dir = pathlib.Path(tempfile.mkdtemp(
+        prefix=f"tf_twobranch_{resolver.task_type}{resolver.task_id}_"))
+    try:
+        return _train(model, dataset, cfg, run_dir, write_dir, strategy, multi_worker,
+                      steps_per_epoch=steps_per_epoch, extra_callbacks=extra_callbacks,
+                      initial_epoch=initial_epoch, epochs=epochs)
+    finally:
+        shutil.rmtree(write_dir, ignore_errors=True)
+
+
+def _train(model, dataset, cfg: TrainConfig, run_dir: pathlib.Path, write_dir: pathlib.Path,
+           strategy, multi_worker: bool, *, steps_per_epoch: int, extra_callbacks,
+           initial_epoch: int, epochs: int | None) -> keras.callbacks.History:
     end_epoch = epochs or cfg.epochs
     if cfg.deterministic:
         make_deterministic(cfg.seed)
-    run_dir = pathlib.Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint_dir = run_dir / "checkpoints"
+    checkpoint_dir = write_dir / "checkpoints"
     remove_stale_temp_files(checkpoint_dir)
     if getattr(model, "optimizer", None) is None or not model.compiled:
         model.compile(optimizer=make_optimizer(cfg, steps_per_epoch))
     guard = NonFiniteLossGuard(steps_per_epoch)
     # One backup directory per train() call, so that a multi-stage run does
     # not restore one stage's state into another.
-    backup = TrainingBackup(run_dir / "backup" / f"epochs_{initial_epoch:04d}_{end_epoch:04d}",
+    stage = pathlib.Path("backup") / f"epochs_{initial_epoch:04d}_{end_epoch:04d}"
+    backup = TrainingBackup(write_dir / stage, restore_directory=run_dir / stage,
                             steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch,
                             epochs=end_epoch, every_steps=cfg.backup_every_steps, guard=guard)
-    state = backup.restore(model)
+    if multi_worker:
+        # Barrier: the chief has finished `prepare_run_dir` (which may discard
+        # a stale backup) before anyone reads the backup.
+        _gather_over_workers(strategy, 0)
+    state = backup.read_state()
+    if multi_worker:
+        steps = _gather_over_workers(strategy, -1 if state is None else state["call_step"])
+        if len(set(steps)) > 1:
+            raise UserInputError(
+                f"{backup.restore_directory}: the workers found different backups to resume "
+                f"from (steps {steps}, -1 = none); is {run_dir} on a filesystem every worker "
+                f"sees? Delete it to start afresh")
+    state = backup.restore(model, state)
     start_epoch, start_batch = initial_epoch, 0
     if state is not None:
         start_epoch, start_batch = state["epoch"], state["batch"]
@@ -464,7 +611,7 @@ def train(model: TwoBranchModel, dataset, cfg: TrainConfig, run_dir,
         # redoes the epoch rather than skipping its checkpoint.
         _AtomicEpochCheckpoint(checkpoint_dir, guard=guard),
         backup,
-        keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch",
+        keras.callbacks.TensorBoard(str(write_dir / "logs"), update_freq="epoch",
                                     write_graph=False),
         *extra_callbacks,
     ]
@@ -479,13 +626,15 @@ def train(model: TwoBranchModel, dataset, cfg: TrainConfig, run_dir,
     for first, stop, steps, first_batch in segments:
         guard.first_batch = backup.first_batch = first_batch
         call_step = (first - initial_epoch) * steps_per_epoch + first_batch
-        last = model.fit(_dataset_at(dataset, call_step), epochs=stop, steps_per_epoch=steps,
+        last = model.fit(_dataset_at(dataset, call_step, strategy if multi_worker else None),
+                         epochs=stop, steps_per_epoch=steps,
                          initial_epoch=first, callbacks=callbacks, verbose=cfg.verbose)
         if not guard.ok():
             break
     if not guard.ok():
+        # Named as the chief wrote them (a non-chief's own copies are temporary).
         raise UserInputError(_non_finite_message(guard.failure, steps_per_epoch, initial_epoch,
-                                                 checkpoint_dir, backup))
+                                                 run_dir / "checkpoints", backup))
     backup.delete()
     history = keras.callbacks.History()
     history.set_model(model)
@@ -511,7 +660,7 @@ def _non_finite_message(failure: dict, steps_per_epoch: int, initial_epoch: int,
     else:
         good = f"no epoch checkpoint was written yet ({checkpoint_dir} has none)"
     if backup.last_saved is not None:
-        good += (f"; the backup {backup.directory / backup.last_saved['weights']} "
+        good += (f"; the backup {backup.restore_directory / backup.last_saved['weights']} "
                  f"(step {backup.last_saved['call_step']}) was kept")
     return (f"training stopped: the loss became {failure['loss']} at epoch {failure['epoch']}, "
             f"batch {failure['batch']}/{steps_per_epoch} (step {step} of this stage); {good}. "
