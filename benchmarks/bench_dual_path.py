@@ -199,22 +199,22 @@ def _jpeg_size(path) -> list:
 def measure(quick: bool = False, sizes: dict = PAPER_SIZES, subprocess: bool = True) -> dict:
     """Every dual-path figure (forward, steps, pipeline) as one dict.
 
-    `quick`: fewer repetitions and no mixed_bfloat16 Stage I step.
+    `quick`: fewer repetitions, float32 only.
     `subprocess=False` runs in this process (smoke tests with TOY_SIZES).
     """
     run = common.run_in_subprocess if subprocess else (lambda fn, *a, **k: fn(*a, **k))
-    fwd_repeats, step_steps = (3, 2) if quick else (5, 3)
+    precisions = PRECISIONS[:1] if quick else PRECISIONS
     out = {"sizes": dict(sizes), "forward": [], "steps": []}
-    for precision in PRECISIONS:
+    for precision in precisions:
         for tower in ("image", "text"):
             print(f"  dual path forward: {tower}, {precision} ...", file=sys.stderr, flush=True)
-            out["forward"].append(run(forward_child, tower, precision, sizes, fwd_repeats, 2))
-    for precision in PRECISIONS:
+            out["forward"].append(run(forward_child, tower, precision, sizes, 3 if quick else 5,
+                                      1 if quick else 2))
+    for precision in precisions:
         for stage in (2, 1):
-            if quick and precision != "float32" and stage == 1:
-                continue
             print(f"  dual path step: Stage {stage}, {precision} ...", file=sys.stderr, flush=True)
-            out["steps"].append(run(step_child, stage, precision, sizes, step_steps, 1))
+            steps = (1 if stage == 2 else 2) if quick else 3
+            out["steps"].append(run(step_child, stage, precision, sizes, steps, 1))
     print("  dual path input pipeline ...", file=sys.stderr, flush=True)
     out["pipeline"] = run(pipeline_child, sizes, 8 if quick else 20, 3)
     return out

@@ -589,10 +589,6 @@ def _naive_run(state):
 
 # --- orchestration ----------------------------------------------------------------
 
-def _fmt_bytes(b):
-    return f"{b / common.MiB:,.0f} MiB"
-
-
 def run_training(args, matmul_best, report, lines):
     flops = step_flops()
     report["train_flops"] = flops
@@ -686,9 +682,9 @@ def run_evaluation(args, report, lines):
         memory[c] = common.measure_peak_memory(_eval_setup, _eval_run, (5000, c), repeats=4)
     mem_rows = []
     for c, m in memory.items():
-        mem_rows.append([c, _fmt_bytes(m["cold_peak_bytes"]), _fmt_bytes(m["warm_peak_bytes"]),
+        mem_rows.append([c, common.fmt_bytes(m["cold_peak_bytes"]), common.fmt_bytes(m["warm_peak_bytes"]),
                          m["cold_seconds"], m["warm_seconds"],
-                         _fmt_bytes(5000 * c * 5), m["method"]])
+                         common.fmt_bytes(5000 * c * 5), m["method"]])
     base = next(r for r in timing if r["images"] == 5000)
     rows = []
     for r in timing:
@@ -724,7 +720,7 @@ def run_evaluation(args, report, lines):
     ok_m = max(five_k_mem["cold_peak_bytes"], five_k_mem["warm_peak_bytes"]) <= TARGET_EVAL_BYTES
     lines.append(f"Target at 5K: <= {TARGET_EVAL_SECONDS} s ({'met' if ok_t else 'NOT met'}: "
                  f"{base['seconds_median']:.3f} s), <= 1 GB peak ({'met' if ok_m else 'NOT met'}:"
-                 f" {_fmt_bytes(max(five_k_mem['cold_peak_bytes'], five_k_mem['warm_peak_bytes']))})")
+                 f" {common.fmt_bytes(max(five_k_mem['cold_peak_bytes'], five_k_mem['warm_peak_bytes']))})")
     if naive is not None:
         n = args.naive_images
         scale = (5000 * 25000) / (n * n * CAPTIONS_PER_IMAGE)
@@ -732,10 +728,10 @@ def run_evaluation(args, report, lines):
         lines.append(common.format_table(
             ["implementation", "scale", "s", "peak +RSS", "s at 5K (extrapolated)"],
             [["naive recall_k (full matrix + top_k + one-hot)", f"{n:,} x {n * 5:,}",
-              naive["cold_seconds"], _fmt_bytes(naive["cold_peak_bytes"]),
+              naive["cold_seconds"], common.fmt_bytes(naive["cold_peak_bytes"]),
               naive["cold_seconds"] * scale],
              ["retrieval_metrics (chunked, XLA)", "5,000 x 25,000", base["seconds_median"],
-              _fmt_bytes(five_k_mem["warm_peak_bytes"]), base["seconds_median"]]],
+              common.fmt_bytes(five_k_mem["warm_peak_bytes"]), base["seconds_median"]]],
             title="(b'') Comparison with the original recall_k semantics (R@K only, 1 run)"))
         lines.append("  naive R@K: " + ", ".join(f"{k}={v:.2f}" for k, v in naive["result"].items()))
 
@@ -752,14 +748,7 @@ def main(argv=None):
     parser.add_argument("--naive_images", type=int, default=5000)
     args = parser.parse_args(argv)
 
-    started = time.time()
-    report = {"machine": common.machine_description(), "loadavg_start": os.getloadavg(),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    m = report["machine"]
-    lines = [f"Machine: {m['cpu_model']}, {m['cpu_count']} cores, AVX-512: {m['avx512']} "
-             f"({', '.join(m['simd_flags'])}), {m['mem_total_gib']} GiB, Python {m['python']}, "
-             f"TF {m.get('tensorflow')}, Keras {m.get('keras')}; load average at start "
-             f"{report['loadavg_start'][0]:.2f}", ""]
+    report, lines, started = common.start_report()
 
     print("  matmul throughput ...", file=sys.stderr, flush=True)
     mm = common.measure_matmul_gflops()

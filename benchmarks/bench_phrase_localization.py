@@ -359,10 +359,6 @@ def _pipeline_child(kind: str, num_images: int, phrases_per_image: float, num_pr
 
 # --- orchestration ----------------------------------------------------------------
 
-def _fmt_bytes(b):
-    return f"{b / common.MiB:,.0f} MiB"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out_json", default="benchmarks/results/phrase_localization.json")
@@ -380,13 +376,7 @@ def main(argv=None):
     parser.add_argument("--skip_scoring", action="store_true")
     args = parser.parse_args(argv)
 
-    started = time.time()
-    report = {"machine": common.machine_description(), "loadavg_start": os.getloadavg(),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args)}
-    m = report["machine"]
-    lines = [f"Machine: {m['cpu_model']}, {m['cpu_count']} cores, AVX-512: {m['avx512']}, "
-             f"{m['mem_total_gib']} GiB, Python {m['python']}, TF {m.get('tensorflow')}, "
-             f"Keras {m.get('keras')}; load average at start {report['loadavg_start'][0]:.2f}", ""]
+    report, lines, started = common.start_report(args=vars(args))
 
     # 1a
     print("  phrase_localization_recall ...", file=sys.stderr, flush=True)
@@ -434,7 +424,7 @@ def main(argv=None):
         lines.append(f"  (towers timed by wrapping model.embed_images/embed_texts inside the one "
                      f"call; 'rest' = total - towers, incl. L2 normalisation and the proposal "
                      f"table; data build {d['build_seconds']:.1f} s, region features "
-                     f"{_fmt_bytes(d['region_feature_bytes'])})")
+                     f"{common.fmt_bytes(d['region_feature_bytes'])})")
         lines.append("")
 
     # 2
@@ -459,7 +449,7 @@ def main(argv=None):
         size = (f"{r['phrase_rows']} phrases x {r['region_rows']:,} regions" if kind == "embedding"
                 else f"{r['pair_rows']:,} pairs")
         keeps = r["pipeline_batches_per_second"] >= r["steps_per_second_fixed"]
-        rows.append([kind, size, _fmt_bytes(r["batch_bytes"]), r["pipeline_batches_per_second"],
+        rows.append([kind, size, common.fmt_bytes(r["batch_bytes"]), r["pipeline_batches_per_second"],
                      r["steps_per_second_fixed"], r["steps_per_second_fed"],
                      "yes" if keeps else "NO",
                      f"{100 * r['steps_per_second_fed'] / r['steps_per_second_fixed']:.0f}%"])
@@ -469,7 +459,7 @@ def main(argv=None):
         title=f"2. Algorithm 1 tf.data pipeline vs training step: {d['images']:,} synthetic images "
               f"x {args.proposals} proposals, {d['phrases']:,} phrases "
               f"({d['phrases'] / d['images']:.1f}/image), {d['region_dim']}-d float32 region "
-              f"features in RAM ({_fmt_bytes(d['region_feature_bytes'])}), {d['text_dim']}-d "
+              f"features in RAM ({common.fmt_bytes(d['region_feature_bytes'])}), {d['text_dim']}-d "
               f"phrase features"))
     lines.append(f"  similarity pairs per batch = 2 x 100 x max_positives_per_phrase (1 + the most "
                  f"IoU>=0.7 proposals of any chain: {pipe['similarity']['pair_rows'] // 200}); valid "

@@ -22,8 +22,8 @@ Prints one table (and writes it as markdown, plus every figure as JSON):
   features), Algorithm 1's phrase batches, and the dual-path
   `train_dataset` on the embedded dataset's real JPEGs at 224 crops.
 
-`--quick` (a few minutes): fewer repetitions, float32 only except for the
-embedding network and the dual-path Stage II step, no 25K x 125K gallery.
+`--quick` (about five minutes): fewer repetitions, float32 only except for
+the embedding network, no 25K x 125K gallery.
 The full run takes ~15-20 minutes on 2 cores. The machine may be shared: the
 load average is printed at start, at end and next to every figure in the JSON.
 Every measurement runs in a fresh spawn subprocess (`benchmarks.common`).
@@ -119,9 +119,9 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
         extra = ""
         if r["kind"] == "embedding":
             gflops = flops / s / 1e9
-            extra = (f"{gflops:.0f} GFLOP/s = {100 * gflops / peak:.0f}% of peak "
-                     f"({100 * gflops / r['matmul_gflops_same_process']:.0f}% of same-process "
-                     f"2048² matmul)")
+            extra = (f"{gflops:.0f} GFLOP/s = {100 * gflops / peak:.0f}% of the float32 peak "
+                     f"({100 * gflops / r['matmul_gflops_same_process']:.0f}% of a same-process "
+                     f"float32 2048² matmul)")
         rows.append(["train", names[r["kind"]], r["precision"], f"{s:.3f} s/step",
                      f"{_f(r['examples_per_second'])} pairs/s", extra, ""])
     pl = report.get("phrase_localization")
@@ -157,8 +157,10 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
                      f"512-d, chunk {e['chunk_size']}", "float32", f"{t:.3f} s",
                      f"{t / pairs * 1e9:.2f} ns/pair",
                      f"time {t / base['warm_seconds']:.2f}x, pairs {rel_pairs:.2f}x of 5K",
-                     f"{common.fmt_bytes(max(e['warm_peak_bytes'], e['cold_peak_bytes']))} "
-                     f"(full matrix {common.fmt_bytes(e['full_matrix_bytes'])})"])
+                     f"{common.fmt_bytes(e['warm_peak_bytes'])} warm, "
+                     f"{common.fmt_bytes(e['cold_peak_bytes'])} cold (block bound "
+                     f"{common.fmt_bytes(e['chunk_bound_bytes'])}; full matrix "
+                     f"{common.fmt_bytes(e['full_matrix_bytes'])})"])
     pipes = report.get("pipelines", {})
     emb = next((r for r in report["two_branch"]
                 if r["kind"] == "embedding" and r["precision"] == "float32"), None)
@@ -182,17 +184,13 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
                             "phrase step") + f"; fed {pl['steps_per_second_fed']:.2f} steps/s", ""])
     if dp and dp.get("pipeline"):
         p = dp["pipeline"]
-        stage2 = next(r for r in dp["steps"] if r["stage"] == 2 and r["precision"] == "float32")
-        stage1 = next((r for r in dp["steps"] if r["stage"] == 1 and r["precision"] == "float32"),
-                      None)
         fastest = min(dp["steps"], key=lambda r: r["step_seconds_median"])
         rows.append(["input", f"dual_path.train_dataset, {p['train_images']:,} real JPEGs, "
                      f"224 crops, batch 32", "", f"{1 / p['batches_per_second']:.3f} s/batch",
                      f"{p['batches_per_second']:.1f} batches/s ({p['images_per_second']:.0f} img/s)",
                      _keeps(p["batches_per_second"], 1 / fastest["step_seconds_median"],
-                            f"fastest dual-path step (Stage {fastest['stage']}, "
+                            f"fastest dual-path step (Stage {'I' * fastest['stage']}, "
                             f"{fastest['precision']})"), ""])
-        del stage2, stage1
     notes += [
         "Training: Keras compiled train function on a fixed in-memory batch, median of the timed "
         "steps after warm-up; random weights; two-branch models Adam, dual path SGD momentum 0.9; "
@@ -201,11 +199,12 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
         f"({flops / 1e9:.1f} GFLOP, bench_embedding.FLOP_FORMULA) / s/step / best float32 "
         "matmul GFLOP/s; the same-process figure divides by a 2048² matmul timed between the "
         "steps (robust to load from other processes).",
-        "Evaluation: retrieval_metrics (both directions, R@1/5/10, medr, meanr), median of the "
-        "warm calls; time grows ~ images x captions (ns/pair stays ~constant), memory is bounded "
-        "by the chunk: one (images x chunk) block, num_images x 2048 x 5 B, never the full "
-        "images x captions matrix; peak = RSS increase over the process after imports and inputs "
-        "(VmHWM), max of cold and warm calls.",
+        "Evaluation: retrieval_metrics (both directions, R@1/5/10, medr, meanr) on random unit "
+        "vectors, best of the warm calls; time grows ~ images x captions (ns/pair roughly "
+        "constant); memory is bounded by the chunk: the core holds one (images x 2048-caption) "
+        "block (images x 2048 x 5 B, 'block bound'), so it grows with images x chunk, never with "
+        "the full images x captions matrix. Peak = RSS increase (VmHWM) over the process after "
+        "imports and inputs; 'cold' = first call incl. tracing/XLA compilation.",
         "Input: pipeline alone, batches/s after warm-up; 'keeps up' when its batches/s >= the "
         "consuming step's steps/s (the pipeline then costs only its share of the 2 cores).",
     ]
@@ -233,6 +232,7 @@ def main(argv=None):
                         "phrase, dual_path, eval, pipelines")
     args = parser.parse_args(argv)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # inherited by the spawn children
     report, lines, started = common.start_report(quick=args.quick)
 
     _log("matmul peak")

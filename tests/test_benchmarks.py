@@ -33,7 +33,8 @@ def test_dual_path_and_table(two_branch_rows):
                 "source_image_size": [96, 96], "batches": 2}
     evals = [{"images": n, "captions": 5 * n, "chunk_size": 64, "warm_seconds": 0.01 * n,
               "cold_seconds": 0.02 * n, "warm_peak_bytes": 1000, "cold_peak_bytes": 2000,
-              "full_matrix_bytes": 20 * n * n} for n in (10, 5000)]
+              "full_matrix_bytes": 20 * n * n,
+              "chunk_bound_bytes": 320 * n} for n in (10, 5000)]
     report = {"matmul": {"best_gflops": 100.0, "best_shape": "64x64x64"},
               "two_branch": two_branch_rows,
               "dual_path": {"sizes": toy, "forward": [forward, dict(forward, tower="image")],
