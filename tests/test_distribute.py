@@ -219,3 +219,16 @@ def test_similarity_network_two_replicas_match_single_device(tmp_path):
     _run_check(tmp_path / "s2.npz", "--model=similarity", "--strategy=mirrored",
                "--cpu_replicas=2", "--steps=3")
     _assert_same_weights(_weights(tmp_path / "s1.npz"), _weights(tmp_path / "s2.npz"))
+
+
+def test_prepare_run_dir_writes_nothing_on_a_non_chief_worker(tmp_path, monkeypatch):
+    from tf_twobranch.training import trainer
+    (tmp_path / "backup").mkdir()
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                                "task": {"type": "worker", "index": 1}}))
+    trainer.prepare_run_dir(tmp_path, {"x": 1})
+    assert not (tmp_path / "run_config.json").exists()
+    assert (tmp_path / "backup").exists()  # only the chief discards a stale backup
+    monkeypatch.delenv("TF_CONFIG")
+    trainer.prepare_run_dir(tmp_path, {"x": 1})
+    assert (tmp_path / "run_config.json").exists() and not (tmp_path / "backup").exists()

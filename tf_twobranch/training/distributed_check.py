@@ -53,6 +53,9 @@ def _parse(argv):
                         "the steps per epoch)")
     p.add_argument("--epochs", type=int, default=1, help="epochs (with --run_dir)")
     p.add_argument("--backup_every_steps", type=int, default=0, help="(with --run_dir)")
+    p.add_argument("--plain_dataset", action="store_true",
+                   help="(with --run_dir) give train() plain tf.data global batches and let it "
+                        "split them by replica, instead of distribute.distributed_stream")
     p.add_argument("--pause_after_step", type=int, default=0,
                    help="(with --run_dir) print PAUSED and sleep after this global step")
     return p.parse_args(argv)
@@ -106,8 +109,9 @@ def main(argv=None) -> int:
         return sampling.attach_features(ds, image_feats, text_feats)
 
     if args.run_dir:
-        history = _train_through_trainer(args, model, strategy,
-                                         distribute.distributed_stream(strategy, batches, attach))
+        stream = ((lambda start_step: attach(batches(start_step))) if args.plain_dataset else
+                  distribute.distributed_stream(strategy, batches, attach))
+        history = _train_through_trainer(args, model, strategy, stream)
     else:
         dataset = distribute.distribute_global_batches(strategy, batches, attach)
         history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
