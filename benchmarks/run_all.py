@@ -106,10 +106,9 @@ def _f(x: float, digits: int = 3) -> str:
 def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
     """The table's rows and its footnotes from a run_all report."""
     rows, notes = [], []
-    mm = report["matmul"]
-    peak = mm["best_gflops"]
-    rows.append(["peak", "float32 tf.matmul (best of 7 shapes)", "float32", "",
-                 f"{peak:.0f} GFLOP/s", f"best shape {mm['best_shape']}", ""])
+    peak, source = matmul_peak(report)
+    rows.append(["peak", "float32 tf.matmul peak of this run", "float32", "",
+                 f"{peak:.0f} GFLOP/s", source, ""])
     flops = bench_embedding.step_flops()["total"]
     names = {"embedding": "embedding network, 500 img x 2 sent, 4096/6000-2048-512",
              "similarity": "similarity network, 1000 pairs, 4096/6000-2048-512-(512,256,1)",
@@ -196,9 +195,11 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
         "steps after warm-up; random weights; two-branch models Adam, dual path SGD momentum 0.9; "
         "mixed_bfloat16 = tf_twobranch.speed.set_precision (variables, losses float32).",
         "Fraction of peak: counted matmul FLOPs of the embedding step "
-        f"({flops / 1e9:.1f} GFLOP, bench_embedding.FLOP_FORMULA) / s/step / best float32 "
-        "matmul GFLOP/s; the same-process figure divides by a 2048² matmul timed between the "
-        "steps (robust to load from other processes).",
+        f"({flops / 1e9:.1f} GFLOP, bench_embedding.FLOP_FORMULA) / s/step / the float32 matmul "
+        "peak (best float32 matmul figure of the run: load only lowers figures); the "
+        "same-process figure divides by a float32 2048² matmul timed between the steps of the "
+        "same subprocess (both see the same load from other processes). For mixed_bfloat16 the "
+        "same FLOPs are set against the float32 peak.",
         "Evaluation: retrieval_metrics (both directions, R@1/5/10, medr, meanr) on random unit "
         "vectors, best of the warm calls; time grows ~ images x captions (ns/pair roughly "
         "constant); memory is bounded by the chunk: the core holds one (images x 2048-caption) "
@@ -209,6 +210,24 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
         "consuming step's steps/s (the pipeline then costs only its share of the 2 cores).",
     ]
     return rows, notes
+
+
+def matmul_peak(report: dict) -> tuple[float, str]:
+    """The float32 matmul peak: the best float32 matmul figure measured in the run.
+
+    Load from other processes only lowers a figure, so on a shared machine
+    the best of the 7-shape measurement and of the 2048² matmuls timed
+    between the training steps is the closest to the unloaded peak.
+    """
+    mm = report["matmul"]
+    interleaved = [r["matmul_gflops_same_process"] for r in report.get("two_branch", [])
+                   if "matmul_gflops_same_process" in r]
+    best_interleaved = max(interleaved, default=0.0)
+    if best_interleaved > mm["best_gflops"]:
+        return best_interleaved, (f"2048² matmul between training steps (7-shape measurement: "
+                                  f"{mm['best_gflops']:.0f}, best shape {mm['best_shape']}, "
+                                  f"load {mm.get('loadavg', [float('nan')])[0]:.1f})")
+    return mm["best_gflops"], f"best of 7 shapes: {mm['best_shape']}"
 
 
 def _keeps(batches_per_second: float, steps_per_second: float, what: str) -> str:
@@ -222,22 +241,59 @@ def markdown_table(headers, rows) -> str:
     return "\n".join(out)
 
 
+def _title(quick: bool, day: str) -> str:
+    return "tf_twobranch benchmarks at paper sizes" + (" (--quick)" if quick else "") + f" — {day}"
+
+
+def _write_markdown(report, rows, notes, path, quick, seconds, day) -> str:
+    m = report["machine"]
+    end = report.get("loadavg_end") or [float("nan")]
+    machine = (f"{m['cpu_model']}, {m['cpu_count']} cores ({', '.join(m['simd_flags'])}), "
+               f"{m['mem_total_gib']} GiB, TF {m.get('tensorflow')}, Keras {m.get('keras')}; "
+               f"load average {report['loadavg_start'][0]:.2f} at start, {end[0]:.2f} at end "
+               f"(shared machine: other processes used the 2 cores too)")
+    md = [f"### {_title(quick, day)}", "", machine, "", markdown_table(HEADERS, rows), ""]
+    md += [f"* {n}" for n in notes]
+    md.append(f"\nCommand: `python -m benchmarks.run_all{' --quick' if quick else ''}` "
+              f"({seconds:.0f} s).")
+    text = "\n".join(md) + "\n"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="a few minutes: fewer repetitions, no 25K x 125K gallery")
     parser.add_argument("--out_json", default="benchmarks/results/run_all.json")
     parser.add_argument("--out_md", default="benchmarks/results/run_all.md")
+    parser.add_argument("--from_json", default=None,
+                        help="rebuild the table and markdown from an earlier run's JSON "
+                             "(no measurement)")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: two_branch, "
                         "phrase, dual_path, eval, pipelines")
     args = parser.parse_args(argv)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # inherited by the spawn children
+    if args.from_json:
+        import json
+        with open(args.from_json, encoding="utf-8") as f:
+            report = json.load(f)
+        rows, notes = build_rows(report)
+        lines = [f"Rebuilt from {args.from_json} (measured {report.get('started')})", "",
+                 common.format_table(HEADERS, rows)] + ["  " + n for n in notes]
+        print("\n".join(lines))
+        _write_markdown(report, rows, notes, args.out_md, report.get("quick", False),
+                        report.get("wall_seconds", 0.0), report.get("started", "")[:10])
+        return
     report, lines, started = common.start_report(quick=args.quick)
 
     _log("matmul peak")
     report["matmul"] = (common.measure_matmul_gflops(repeats=3, min_seconds=0.2) if args.quick
                         else common.measure_matmul_gflops())
+    report["matmul"]["loadavg"] = os.getloadavg()
     report["two_branch"] = [] if "two_branch" in skip else measure_two_branch(args.quick)
     if "phrase" not in skip:
         report["phrase_localization"] = measure_phrase_localization(args.quick)
@@ -256,27 +312,14 @@ def main(argv=None):
                 bench_embedding._train_child, False, "tfdata", "package", 10, 3, None)]
 
     rows, notes = build_rows(report)
-    title = ("tf_twobranch benchmarks at paper sizes" + (" (--quick)" if args.quick else "")
-             + f" — {time.strftime('%Y-%m-%d')}")
-    m = report["machine"]
     report["loadavg_end"] = os.getloadavg()
-    machine = (f"{m['cpu_model']}, {m['cpu_count']} cores ({', '.join(m['simd_flags'])}), "
-               f"{m['mem_total_gib']} GiB, TF {m.get('tensorflow')}, Keras {m.get('keras')}; "
-               f"load average {report['loadavg_start'][0]:.2f} at start, "
-               f"{report['loadavg_end'][0]:.2f} at end (shared machine)")
-    lines.append(common.format_table(HEADERS, rows, title=title))
+    lines.append(common.format_table(HEADERS, rows, title=_title(args.quick,
+                                                                 time.strftime("%Y-%m-%d"))))
     lines += ["  " + n for n in notes]
-    md = [f"### {title}", "", machine, "", markdown_table(HEADERS, rows), ""]
-    md += [f"* {n}" for n in notes]
-    md.append(f"\nCommand: `python -m benchmarks.run_all{' --quick' if args.quick else ''}` "
-              f"({time.time() - started:.0f} s).")
-    report["markdown"] = "\n".join(md) + "\n"
-    md_path = args.out_md
-    os.makedirs(os.path.dirname(md_path) or ".", exist_ok=True)
-    with open(md_path, "w", encoding="utf-8") as f:
-        f.write(report["markdown"])
+    report["markdown"] = _write_markdown(report, rows, notes, args.out_md, args.quick,
+                                         time.time() - started, time.strftime("%Y-%m-%d"))
     common.finish_report(report, lines, started, args.out_json)
-    print(f"wrote {md_path}")
+    print(f"wrote {args.out_md}")
 
 
 if __name__ == "__main__":
