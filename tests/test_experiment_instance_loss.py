@@ -11,7 +11,7 @@ from experiments import instance_loss as exp
 
 CONFIGS = sorted(common.CONFIG_DIR.glob("zheng_*.cfg"))
 TINY = ["--max_train_images=32", "--max_test_images=12", "--stage1_epochs=1",
-        "--stage2_epochs=1", "--image_size=32", "--resize_to=36", "--text_width=2",
+        "--stage2_epochs=1", "--text_width=2",
         "--hidden_dim=16", "--embed_dim=16", "--word_dim=8", "--verbose=0", "--batch_size=16"]
 
 

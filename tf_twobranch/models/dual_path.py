@@ -99,7 +99,7 @@ __all__ = ["DualPathConfig", "DualPathModel", "PaddingMaskedEmbedding", "build_i
            "text_receptive_field", "text_feature_length", "save_dual_path_config",
            "load_dual_path_config", "load_dual_path_model"]
 
-IMAGE_BACKBONES = ("resnet50", "vgg19", "vgg16", "resnet152")
+IMAGE_BACKBONES = ("resnet50", "vgg19", "vgg16", "resnet152", "scene_cnn")
 LAYOUTS = ("paper", "reference")
 
 
@@ -690,7 +690,8 @@ def load_dual_path_model(config_path, weights_path) -> DualPathModel:
     """Rebuilds a model from its JSON config and loads its ``.weights.h5`` file."""
     config = load_dual_path_config(config_path)
     # Every weight, the backbone's included, comes from the weights file.
-    config.image_weights = None
+    if config.image_backbone != "scene_cnn":  # its .keras file also holds the architecture
+        config.image_weights = None
     model = build_dual_path_model(config)
     if not os.path.isfile(weights_path):
         raise DataFormatError(weights_path, "weights file does not exist")
