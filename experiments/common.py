@@ -129,7 +129,17 @@ def format_retrieval_table(title: str, rows: list[dict], ks=(1, 5, 10)) -> str:
     return "\n".join(lines)
 
 
+def is_chief() -> bool:
+    """True unless this process is a non-chief worker of a multi-worker run (TF_CONFIG)."""
+    from tf_twobranch.training.trainer import is_chief as trainer_is_chief
+    return trainer_is_chief()
+
+
 def write_json(path, payload):
+    # Under MultiWorkerMirroredStrategy every worker computes the same
+    # results; only the chief writes them (the run dir is shared).
+    if not is_chief():
+        return
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=float), encoding="utf-8")

@@ -241,7 +241,7 @@ def run(f) -> dict:
         if f.model == "embedding":
             record["sentence_retrieval"] = model.sentence_retrieval(text["test"],
                                                                     test.caption_image)
-        if f.export:
+        if f.export and common.is_chief():
             from tf_twobranch.export import export_saved_model
             record["export_dir"] = str(export_saved_model(model, run_dir / "export",
                                                           run_config=run_config))

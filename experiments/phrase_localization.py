@@ -318,7 +318,7 @@ def run(f) -> dict:
         model, info = train_model(f, train, run_dir)
         record.update({k: v for k, v in info.items() if k != "run_config"})
         record["metrics"] = evaluate_phrase_localization(model, test)
-        if f.export:
+        if f.export and common.is_chief():
             from tf_twobranch.export import export_saved_model
             record["export_dir"] = str(export_saved_model(model, run_dir / "export",
                                                           run_config=info["run_config"]))
