@@ -546,7 +546,7 @@ def measure_evaluation(num_images: int, chunk_size: int = 2048, repeats: int = 3
             "full_matrix_bytes": num_images * num_images * CAPTIONS_PER_IMAGE * 4,
             **{k: m[k] for k in ("method", "cold_peak_bytes", "warm_peak_bytes",
                                         "cold_seconds", "warm_seconds")},
-            "metrics": m["result"]}
+            "metrics": m["result"], "loadavg": os.getloadavg()[0]}
 
 
 def _naive_setup(num_images: int):

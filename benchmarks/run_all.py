@@ -92,7 +92,7 @@ def measure_evaluation(quick: bool) -> list[dict]:
 # --- the table -----------------------------------------------------------------------------
 
 HEADERS = ["group", "benchmark", "precision", "s / call", "throughput", "compared with",
-           "peak memory"]
+           "peak memory", "load"]
 
 
 def _f(x: float, digits: int = 3) -> str:
@@ -108,7 +108,7 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
     rows, notes = [], []
     peak, source = matmul_peak(report)
     rows.append(["peak", "float32 tf.matmul peak of this run", "float32", "",
-                 f"{peak:.0f} GFLOP/s", source, ""])
+                 f"{peak:.0f} GFLOP/s", source, "", _load(report["matmul"])])
     flops = bench_embedding.step_flops()["total"]
     names = {"embedding": "embedding network, 500 img x 2 sent, 4096/6000-2048-512",
              "similarity": "similarity network, 1000 pairs, 4096/6000-2048-512-(512,256,1)",
@@ -122,20 +122,20 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
                      f"({100 * gflops / r['matmul_gflops_same_process']:.0f}% of a same-process "
                      f"float32 2048² matmul)")
         rows.append(["train", names[r["kind"]], r["precision"], f"{s:.3f} s/step",
-                     f"{_f(r['examples_per_second'])} pairs/s", extra, ""])
+                     f"{_f(r['examples_per_second'])} pairs/s", extra, "", _load(r)])
     pl = report.get("phrase_localization")
     if pl:
         s = pl["step_fixed"]["seconds_median"]
         rows.append(["train", f"phrase-loc. embedding network, {pl['phrase_rows']} phrases x "
                      f"{pl['region_rows']:,} regions, 4096/6000-1024-512", "float32",
-                     f"{s:.3f} s/step", f"{_f(pl['phrase_rows'] / s)} phrases/s", "", ""])
+                     f"{s:.3f} s/step", f"{_f(pl['phrase_rows'] / s)} phrases/s", "", "", _load(pl)])
     dp = report.get("dual_path")
     if dp:
         for r in dp["steps"]:
             stage = "I (ResNet-50 frozen)" if r["stage"] == 1 else "II (all trainable)"
             rows.append(["train", f"dual-path Stage {stage}, batch 32, 224², 29,783 classes",
                          r["precision"], f"{r['step_seconds_median']:.2f} s/step",
-                         f"{_f(r['examples_per_second'])} pairs/s", "", ""])
+                         f"{_f(r['examples_per_second'])} pairs/s", "", "", _load(r)])
         for r in dp["forward"]:
             paper = bench_dual_path.PAPER_MS_PER_BATCH[r["tower"]]
             what = ("dual-path image CNN forward (ResNet-50, 224²), batch 32"
@@ -145,7 +145,7 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
             rows.append(["forward", what, r["precision"], f"{1000 * r['seconds_median']:.0f} ms",
                          f"{_f(r['items_per_second'])} {unit}",
                          f"paper (1080Ti) {paper:.0f} ms: {1000 * r['seconds_median'] / paper:.1f}x",
-                         ""])
+                         "", _load(r)])
     evals = report.get("evaluation", [])
     base = next((e for e in evals if e["images"] == 5000), evals[0] if evals else None)
     for e in evals:
@@ -159,7 +159,7 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
                      f"{common.fmt_bytes(e['warm_peak_bytes'])} warm, "
                      f"{common.fmt_bytes(e['cold_peak_bytes'])} cold (block bound "
                      f"{common.fmt_bytes(e['chunk_bound_bytes'])}; full matrix "
-                     f"{common.fmt_bytes(e['full_matrix_bytes'])})"])
+                     f"{common.fmt_bytes(e['full_matrix_bytes'])})", _load(e)])
     pipes = report.get("pipelines", {})
     emb = next((r for r in report["two_branch"]
                 if r["kind"] == "embedding" and r["precision"] == "float32"), None)
@@ -169,7 +169,7 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
         rows.append(["input", "image_sentence_batches + attach_features (500x4096 + 1000x6000 "
                      "float32)", "", f"{1 / p['batches_per_second']:.3f} s/batch",
                      f"{p['batches_per_second']:.1f} batches/s",
-                     _keeps(p["batches_per_second"], steps, "embedding step"), ""])
+                     _keeps(p["batches_per_second"], steps, "embedding step"), "", _load(p)])
         fed = next((r for r in report.get("two_branch_fed", [])), None)
         if fed:
             notes.append(f"embedding step fed by that pipeline: {fed['step_seconds_median']:.3f} "
@@ -180,7 +180,8 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
                      "", f"{pl['pipeline_seconds'] / pl['pipeline_batches']:.3f} s/batch",
                      f"{pl['pipeline_batches_per_second']:.1f} batches/s",
                      _keeps(pl["pipeline_batches_per_second"], pl["steps_per_second_fixed"],
-                            "phrase step") + f"; fed {pl['steps_per_second_fed']:.2f} steps/s", ""])
+                            "phrase step") + f"; fed {pl['steps_per_second_fed']:.2f} steps/s", "",
+                     _load(pl)])
     if dp and dp.get("pipeline"):
         p = dp["pipeline"]
         fastest = min(dp["steps"], key=lambda r: r["step_seconds_median"])
@@ -189,7 +190,7 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
                      f"{p['batches_per_second']:.1f} batches/s ({p['images_per_second']:.0f} img/s)",
                      _keeps(p["batches_per_second"], 1 / fastest["step_seconds_median"],
                             f"fastest dual-path step (Stage {'I' * fastest['stage']}, "
-                            f"{fastest['precision']})"), ""])
+                            f"{fastest['precision']})"), "", _load(p)])
     notes += [
         "Training: Keras compiled train function on a fixed in-memory batch, median of the timed "
         "steps after warm-up; random weights; two-branch models Adam, dual path SGD momentum 0.9; "
@@ -206,6 +207,8 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
         "block (images x 2048 x 5 B, 'block bound'), so it grows with images x chunk, never with "
         "the full images x captions matrix. Peak = RSS increase (VmHWM) over the process after "
         "imports and inputs; 'cold' = first call incl. tracing/XLA compilation.",
+        "Load: the 1-minute load average when the measurement ended (2 cores; above ~2 other "
+        "processes were competing for them, which lowers every figure).",
         "Input: pipeline alone, batches/s after warm-up; 'keeps up' when its batches/s >= the "
         "consuming step's steps/s (the pipeline then costs only its share of the 2 cores).",
     ]
@@ -228,6 +231,14 @@ def matmul_peak(report: dict) -> tuple[float, str]:
                                   f"{mm['best_gflops']:.0f}, best shape {mm['best_shape']}, "
                                   f"load {mm.get('loadavg', [float('nan')])[0]:.1f})")
     return mm["best_gflops"], f"best of 7 shapes: {mm['best_shape']}"
+
+
+def _load(record: dict) -> str:
+    """1-minute load average recorded with a measurement (other processes share the cores)."""
+    load = record.get("loadavg")
+    if isinstance(load, (list, tuple)):
+        load = load[0]
+    return f"{load:.1f}" if isinstance(load, (int, float)) else ""
 
 
 def _keeps(batches_per_second: float, steps_per_second: float, what: str) -> str:
