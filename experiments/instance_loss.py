@@ -356,7 +356,6 @@ def run(f) -> dict:
     """Runs one table row; returns the results record (also written as JSON)."""
     import keras
 
-    from tf_twobranch import distribute
     from tf_twobranch.models.dual_path import DualPathModel, save_dual_path_config
     from tf_twobranch.sampling import dual_path as dp
     from tf_twobranch.speed import set_precision
@@ -428,16 +427,14 @@ def run(f) -> dict:
                                    deterministic=f.deterministic)
         steps = dp.steps_per_epoch(train, f.batch_size)
 
-        def global_batches(start_step=0, stage=stage):
-            return dp.index_batches(train, batch_size=f.batch_size, seed=f.seed + stage,
-                                    num_negative_captions=f.num_negative_captions,
-                                    start_step=start_step)
+        def dataset(start_step=0, stage=stage):
+            # Each replica loads its rows of every global batch; a function of
+            # the start step so a preempted run resumes mid-epoch.
+            return dp.distributed_train_dataset(
+                strategy, train, batch_size=f.batch_size, resize_to=f.resize_to,
+                crop_size=f.image_size, seed=f.seed + stage, text_shift=f.text_shift,
+                num_negative_captions=f.num_negative_captions, start_step=start_step)
 
-        loader = dp.batch_loader(train, resize_to=f.resize_to, crop_size=f.image_size,
-                                 seed=f.seed + stage, text_shift=f.text_shift)
-        dataset = distribute.distributed_stream(
-            strategy, global_batches,
-            lambda ds: ds.map(loader, num_parallel_calls=4, deterministic=True).prefetch(2))
         run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
                       "flags": f.flag_values_dict(), "stage": stage, "task": "dual_path",
                       "vocabulary": train.vocabulary}
