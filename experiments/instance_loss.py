@@ -193,13 +193,21 @@ def load_data(f, run_dir: pathlib.Path):
             # The embedded data has no word2vec file: train the stand-in on the
             # training captions and save it in word2vec format, so the run uses
             # exactly the file-based path a user's GoogleNews file takes.
-            from tf_twobranch.features.word_vectors import save_word_vectors, train_word_vectors
+            from tf_twobranch.features.word_vectors import (WordVectors, save_word_vectors,
+                                                            train_word_vectors)
             first = split("train")
             tokens = [tokenize_caption(c) for c in first.captions]
             path = run_dir / "word_vectors.bin"
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                save_word_vectors(path, train_word_vectors(tokens, dim=f.word_dim, seed=f.seed))
+                vectors = train_word_vectors(tokens, dim=f.word_dim, seed=f.seed)
+                # PPMI-SVD rows (U·sqrt(S)) have norms spanning orders of
+                # magnitude with word frequency, unlike word2vec's; as an
+                # initialisation that swamped the rare words (measured: random
+                # init beat it, rsum 36 vs 24). Unit rows keep the directions.
+                norms = np.linalg.norm(vectors.vectors, axis=1, keepdims=True)
+                vectors = WordVectors(vectors.words, vectors.vectors / np.maximum(norms, 1e-8))
+                save_word_vectors(path, vectors)
             logging.info("embedded data: word vectors trained on the training captions -> %s", path)
             word_vectors = str(path)
     train = split("train", word_vectors=word_vectors)
