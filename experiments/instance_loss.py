@@ -202,9 +202,9 @@ def load_data(f, run_dir: pathlib.Path):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 vectors = train_word_vectors(tokens, dim=f.word_dim, seed=f.seed)
                 # PPMI-SVD rows (U·sqrt(S)) have norms spanning orders of
-                # magnitude with word frequency, unlike word2vec's; as an
-                # initialisation that swamped the rare words (measured: random
-                # init beat it, rsum 36 vs 24). Unit rows keep the directions.
+                # magnitude with word frequency, unlike word2vec's; unit rows
+                # keep the directions (measured: rsum 23.5 → 24.5; random
+                # init still does better here, 36.2 — BUILD_NOTES.md).
                 norms = np.linalg.norm(vectors.vectors, axis=1, keepdims=True)
                 vectors = WordVectors(vectors.words, vectors.vectors / np.maximum(norms, 1e-8))
                 save_word_vectors(path, vectors)
