@@ -53,7 +53,15 @@ def _warmup_jpeg(height: int, width: int) -> bytes:
     return tf.io.encode_jpeg(tf.fill([height, width, 3], tf.constant(128, tf.uint8))).numpy()
 
 
-class TwoBranchServingModule(tf.Module):
+class TowerServingModule(tf.Module):
+    """Base of the image–text exports: the four signatures every tower pair serves."""
+
+    def signatures(self) -> dict:
+        return {"serving_default": self.score, "score": self.score,
+                "embed_images": self.embed_images, "embed_texts": self.embed_texts}
+
+
+class TwoBranchServingModule(TowerServingModule):
     """Wraps a trained `TwoBranchModel` with validated serving signatures.
 
     Args:
@@ -145,10 +153,6 @@ class TwoBranchServingModule(tf.Module):
             out = self.text_tower(serving.validate_features(x, self.text_dim, self.text_input), training=False)
         out.set_shape([None, self.embed_dim])
         return out
-
-    def signatures(self) -> dict:
-        return {"serving_default": self.score, "score": self.score,
-                "embed_images": self.embed_images, "embed_texts": self.embed_texts}
 
     def warmup_requests(self) -> list[tuple[str, dict]]:
         """One small valid request per signature (two images, two texts)."""

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tf_twobranch import serving
 from tf_twobranch.data.text_codes import TokenCoder
-from tf_twobranch.export import _warmup_jpeg, save_module_atomically
+from tf_twobranch.export import TowerServingModule, _warmup_jpeg, save_module_atomically
 from tf_twobranch.models.dual_path import DualPathModel
 
 __all__ = ["DualPathServingModule", "export_dual_path"]
@@ -34,7 +34,7 @@ __all__ = ["DualPathServingModule", "export_dual_path"]
 WARMUP_CAPTIONS = ("a red seven on the left", "two blue digits")
 
 
-class DualPathServingModule(tf.Module):
+class DualPathServingModule(TowerServingModule):
     """The dual-path model's image and text towers behind validated signatures."""
 
     def __init__(self, model: DualPathModel, vocabulary: Sequence[str]):
@@ -96,10 +96,6 @@ class DualPathServingModule(tf.Module):
                                    axis=1)
         out.set_shape([None, self.embed_dim])
         return out
-
-    def signatures(self) -> dict:
-        return {"serving_default": self.score, "score": self.score,
-                "embed_images": self.embed_images, "embed_texts": self.embed_texts}
 
     def warmup_requests(self) -> list[tuple[str, dict]]:
         known = [w for w in self.vocabulary[2:6]] or ["a"]

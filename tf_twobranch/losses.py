@@ -488,18 +488,30 @@ def phrase_localization_loss(region_embeds: tf.Tensor, phrase_embeds: tf.Tensor,
             tf.gather(tf.cast(phrase_phrase_negative, tf.bool), pairs[:, 0]),
             tf.logical_not(tf.gather(tf.transpose(positive), pairs[:, 1])))
         loss += region_anchor_weight * _anchor_rows_top_k(positive_dist, rows, negative_mask, margin, top_k)
+    return loss + _neighbour_terms(region_embeds, phrase_embeds, positive, region_neighbours,
+                                   phrase_neighbours, margin=margin, top_k=top_k,
+                                   region_neighbour_weight=region_neighbour_weight,
+                                   phrase_neighbour_weight=phrase_neighbour_weight,
+                                   masked_loss=_masked_neighbourhood_loss)
+
+
+def _neighbour_terms(region_embeds, phrase_embeds, positive, region_neighbours, phrase_neighbours,
+                     *, margin, top_k, region_neighbour_weight, phrase_neighbour_weight,
+                     masked_loss) -> tf.Tensor:
+    """λ3/λ4 neighbourhood terms of Algorithm 1 batches (dynamic or static `masked_loss`)."""
+    loss = tf.constant(0.0, dtype=region_embeds.dtype)
     if region_neighbour_weight:
         if region_neighbours is None:
             raise ValueError("region_neighbour_weight > 0 needs region_neighbours")
         targets = tf.reduce_any(positive, axis=0)
-        loss += region_neighbour_weight * _masked_neighbourhood_loss(
+        loss += region_neighbour_weight * masked_loss(
             pairwise_distance(region_embeds, region_embeds), tf.cast(region_neighbours, tf.bool),
             targets, targets, margin=margin, top_k=top_k)
     if phrase_neighbour_weight:
         if phrase_neighbours is None:
             raise ValueError("phrase_neighbour_weight > 0 needs phrase_neighbours")
         anchors = tf.reduce_any(positive, axis=1)
-        loss += phrase_neighbour_weight * _masked_neighbourhood_loss(
+        loss += phrase_neighbour_weight * masked_loss(
             pairwise_distance(phrase_embeds, phrase_embeds), tf.cast(phrase_neighbours, tf.bool),
             anchors, anchors, margin=margin, top_k=top_k)
     return loss
@@ -518,21 +530,11 @@ def _static_phrase_localization_loss(region_embeds, phrase_embeds, dist, positiv
     if region_anchor_weight:
         loss += region_anchor_weight * _static_region_anchor_loss(
             dist, positive, tf.cast(phrase_phrase_negative, tf.bool), margin, top_k)
-    if region_neighbour_weight:
-        if region_neighbours is None:
-            raise ValueError("region_neighbour_weight > 0 needs region_neighbours")
-        targets = tf.reduce_any(positive, axis=0)
-        loss += region_neighbour_weight * _static_masked_neighbourhood_loss(
-            pairwise_distance(region_embeds, region_embeds), tf.cast(region_neighbours, tf.bool),
-            targets, targets, margin=margin, top_k=top_k)
-    if phrase_neighbour_weight:
-        if phrase_neighbours is None:
-            raise ValueError("phrase_neighbour_weight > 0 needs phrase_neighbours")
-        anchors = tf.reduce_any(positive, axis=1)
-        loss += phrase_neighbour_weight * _static_masked_neighbourhood_loss(
-            pairwise_distance(phrase_embeds, phrase_embeds), tf.cast(phrase_neighbours, tf.bool),
-            anchors, anchors, margin=margin, top_k=top_k)
-    return loss
+    return loss + _neighbour_terms(region_embeds, phrase_embeds, positive, region_neighbours,
+                                   phrase_neighbours, margin=margin, top_k=top_k,
+                                   region_neighbour_weight=region_neighbour_weight,
+                                   phrase_neighbour_weight=phrase_neighbour_weight,
+                                   masked_loss=_static_masked_neighbourhood_loss)
 
 
 def phrase_localization_batch_loss(region_embeds: tf.Tensor, phrase_embeds: tf.Tensor, batch: dict,
