@@ -76,3 +76,13 @@ def test_build_vocabulary_order_and_limits():
         build_vocabulary(lists, min_count=0)
     with pytest.raises(ConfigError):
         build_vocabulary(lists, max_size=1)
+
+
+def test_caption_tokenizer_config_round_trip():
+    import tensorflow as tf
+
+    from tf_twobranch.models.text_towers import CaptionTokenizer
+
+    layer = CaptionTokenizer(["<pad>", "<unk>", "dog"], 4)
+    clone = CaptionTokenizer.from_config(layer.get_config())
+    assert clone(tf.constant(["a dog"])).numpy().tolist() == [[1, 2, 0, 0]]

@@ -29,6 +29,7 @@ class CaptionTokenizer(keras.layers.Layer):
     """
 
     def __init__(self, vocabulary: Sequence[str], max_len: int = 32, **kwargs):
+        kwargs.pop("trainable", None)  # always frozen; get_config stores it
         super().__init__(trainable=False, **kwargs)
         vocabulary = list(vocabulary)
         if len(vocabulary) < 2 or vocabulary[0] != PAD or vocabulary[1] != UNK:
