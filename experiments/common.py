@@ -68,6 +68,25 @@ def define_run_flags(fv, *, export_help: str, paper_results_help: str) -> None:
     flags.DEFINE_string("out_json", "", "Results JSON (default <run_dir>/results.json).", **d)
 
 
+def setup_training(f):
+    """Applies the shared run flags before a model is built; returns the strategy.
+
+    Seeds every generator (`--seed`; with `--deterministic` also
+    deterministic TF ops), sets the dtype policy (`--precision`) and creates
+    the `tf.distribute` strategy (`--strategy`).
+    """
+    import keras
+
+    from tf_twobranch.speed import set_precision
+    from tf_twobranch.training import trainer
+
+    keras.utils.set_random_seed(f.seed)
+    if f.deterministic:
+        trainer.make_deterministic(f.seed)
+    set_precision(f.precision)
+    return trainer.get_strategy(f.strategy)
+
+
 def apply_embedded_profile(f, profile: dict) -> dict:
     """Sets a profile's values on flags the user did not set, when no --dataset_dir is given.
 

@@ -191,7 +191,6 @@ def run(f) -> dict:
         record["metrics"] = run_cca(f, splits, image, text)
     else:
         config = build_config(f, image["train"].shape[1], text["train"].shape[1], extras)
-        strategy = trainer.get_strategy(f.strategy)
         tcfg = trainer.TrainConfig(epochs=f.epochs,
                                    learning_rate=f.learning_rate * f.learning_rate_scale,
                                    lr_schedule=f.lr_schedule, seed=f.seed,
@@ -199,13 +198,8 @@ def run(f) -> dict:
                                    backup_every_steps=f.backup_every_steps,
                                    deterministic=f.deterministic)
         tcfg.validate()
-        import keras
-        keras.utils.set_random_seed(f.seed)
-        if f.deterministic:
-            trainer.make_deterministic(f.seed)  # before the model is built
+        strategy = common.setup_training(f)
         from tf_twobranch.models.two_branch import build_model
-        from tf_twobranch.speed import set_precision
-        set_precision(f.precision)
         with strategy.scope():
             model = build_model(config)
         if f.model == "embedding":

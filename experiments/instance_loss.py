@@ -366,7 +366,6 @@ def run(f) -> dict:
 
     from tf_twobranch.models.dual_path import DualPathModel, save_dual_path_config
     from tf_twobranch.sampling import dual_path as dp
-    from tf_twobranch.speed import set_precision
     from tf_twobranch.training import trainer
 
     start = time.time()
@@ -393,11 +392,7 @@ def run(f) -> dict:
         f.image_weights = pretrained_scene_cnn(f, train)
     config = build_config(f, train)
     matrix = _word_matrix(train, word_vectors, f.word_dim, f.seed)
-    set_precision(f.precision)
-    keras.utils.set_random_seed(f.seed)
-    if f.deterministic:
-        trainer.make_deterministic(f.seed)  # before the model is built
-    strategy = trainer.get_strategy(f.strategy)
+    strategy = common.setup_training(f)
     with strategy.scope():
         model = DualPathModel(config, matrix).build_all()
     record = {"row": row_name, "dataset": str(source), "dataset_kind": f.dataset_kind,
@@ -412,12 +407,9 @@ def run(f) -> dict:
     if f.init_from:
         record["init_from"] = _initial_weights(model, f.init_from, config.num_classes)
 
-    epoch_offset = 0
     for stage in stages:
         stage_dir = run_dir / f"stage{stage}"
         config.lambda_rank, config.lambda_image, config.lambda_text = lambdas[stage]
-        if stage == 1:
-            model.lambdas = lambdas[1]
         with strategy.scope():
             model.set_stage(stage)
             model.lambdas = lambdas[stage]
@@ -457,7 +449,6 @@ def run(f) -> dict:
             "history": {k: [float(x) for x in v] for k, v in history.history.items()},
             "metrics": metrics, "seconds": time.time() - stage_start,
             "run_dir": str(stage_dir)})
-        epoch_offset += tcfg.epochs
     record["metrics"] = record["stages"][-1]["metrics"] if record["stages"] else {}
     if f.export and record["stages"] and common.is_chief():
         from tf_twobranch.export_dual_path import export_dual_path

@@ -229,7 +229,6 @@ def _set_loss(model, **weights) -> None:
 
 def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     """Trains the embedding/similarity network on the training split; returns (model, info)."""
-    import keras
     from tf_twobranch.models.two_branch import build_model
     from tf_twobranch.sampling import phrase_localization as pl
     from tf_twobranch.training import trainer
@@ -239,12 +238,7 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
                                backup_every_steps=f.backup_every_steps,
                                deterministic=f.deterministic)
     tcfg.validate()
-    keras.utils.set_random_seed(f.seed)
-    if f.deterministic:
-        trainer.make_deterministic(f.seed)  # before the model is built
-    strategy = trainer.get_strategy(f.strategy)
-    from tf_twobranch.speed import set_precision
-    set_precision(f.precision)
+    strategy = common.setup_training(f)
     with strategy.scope():
         model = build_model(config)
     run_config = {"model": config.to_dict(), "train": tcfg.__dict__, "flags": f.flag_values_dict(),
