@@ -57,9 +57,28 @@ def test_per_type_breakdown():
         ev.phrase_localization_recall(SCORES, IOUS, phrase_types=TYPES[:2])
 
 
-def test_ties_favour_the_correct_proposal():
+def test_ties_count_against_the_phrase():
     ranks = ev.phrase_localization_ranks([[0.5, 0.5, 0.5]], [[0.0, 0.0, 0.6]])
-    np.testing.assert_array_equal(ranks, [1])
+    np.testing.assert_array_equal(ranks, [3])
+    # Ties among correct proposals do not hurt; a tie with an incorrect one does.
+    np.testing.assert_array_equal(
+        ev.phrase_localization_ranks([[0.5, 0.5, 0.4], [0.9, 0.5, 0.5]],
+                                     [[0.6, 0.7, 0.0], [0.0, 0.6, 0.0]]), [1, 3])
+
+
+def test_equal_scores_localize_nothing():
+    """A model that scores every proposal alike gets R@1 0, not the upper bound."""
+    rng = np.random.default_rng(5)
+    ious = rng.uniform(0, 1, size=(300, 50)) ** 2
+    ious[:, 0] = 0.0                       # at least one wrong proposal per phrase
+    valid = np.arange(50)[None, :] < rng.integers(10, 51, size=300)[:, None]
+    m = ev.phrase_localization_recall(np.zeros((300, 50)), ious, valid)
+    assert m["upper_bound"] > 50
+    assert m["r1"] == 0.0 and m["r5"] == 0.0
+    # Random scores: R@1 near the chance of picking a correct proposal.
+    chance = np.mean([(ious[i, valid[i]] >= 0.5).mean() for i in range(300)]) * 100
+    random = ev.phrase_localization_recall(rng.normal(size=(300, 50)), ious, valid)
+    assert abs(random["r1"] - chance) < 8.0
 
 
 def test_distance_cosine_and_logit_paths_agree():
@@ -91,8 +110,8 @@ def test_matches_a_sorting_reference():
         if not correct.any():
             assert ranks[i] == 0
             continue
-        # stable sort by descending score with correct proposals first among ties
-        order = np.lexsort((~correct, -scores[i]))
+        # sort by descending score with incorrect proposals first among ties
+        order = np.lexsort((correct, -scores[i]))
         assert ranks[i] == int(np.argmax(correct[order])) + 1
 
 

@@ -7,18 +7,49 @@ from tf_twobranch.errors import UserInputError
 
 
 def _naive_ranks(scores, caption_image):
-    """Reference: full argsort per query (vsepp style), best rank over positives."""
+    """Reference: full sort per query, ties broken against the query (pessimistic)."""
     n_img, n_cap = scores.shape
     i2t = np.zeros(n_img, int)
     for i in range(n_img):
-        order = np.argsort(-scores[i], kind="stable")
-        pos = np.where(caption_image == i)[0]
-        i2t[i] = min(np.where(order == p)[0][0] for p in pos) + 1
+        positive = caption_image == i
+        # Sort by descending score; among equal scores negatives come first.
+        order = np.lexsort((positive, -scores[i]))
+        i2t[i] = int(np.argmax(positive[order])) + 1
     t2i = np.zeros(n_cap, int)
     for c in range(n_cap):
-        order = np.argsort(-scores[:, c], kind="stable")
-        t2i[c] = np.where(order == caption_image[c])[0][0] + 1
+        positive = np.arange(n_img) == caption_image[c]
+        order = np.lexsort((positive, -scores[:, c]))
+        t2i[c] = int(np.argmax(positive[order])) + 1
     return i2t, t2i
+
+
+def _vsepp_i2t_t2i(image_embeds, caption_embeds):
+    """An independent numpy transcription of vsepp's evaluation.i2t / t2i (cosine).
+
+    vsepp takes images repeated 5 times (one row per caption) and 5
+    consecutive captions per image; ranks are 0-based positions in
+    `argsort(d)[::-1]`, the image's best over its 5 captions.
+    """
+    images = np.repeat(image_embeds, 5, axis=0)
+    npts = images.shape[0] // 5
+    i2t = np.zeros(npts)
+    for index in range(npts):
+        d = np.dot(images[5 * index][None, :], caption_embeds.T).flatten()
+        inds = np.argsort(d)[::-1]
+        i2t[index] = min(np.where(inds == i)[0][0] for i in range(5 * index, 5 * index + 5))
+    ims = images[::5]
+    t2i = np.zeros(5 * npts)
+    for index in range(npts):
+        d = np.dot(caption_embeds[5 * index:5 * index + 5], ims.T)
+        for i in range(len(d)):
+            inds = np.argsort(d[i])[::-1]
+            t2i[5 * index + i] = np.where(inds == index)[0][0]
+
+    def metrics(ranks):
+        return {"r1": 100.0 * np.mean(ranks < 1), "r5": 100.0 * np.mean(ranks < 5),
+                "r10": 100.0 * np.mean(ranks < 10), "medr": np.floor(np.median(ranks)) + 1,
+                "meanr": ranks.mean() + 1}
+    return i2t, t2i, metrics(i2t), metrics(t2i)
 
 
 def test_hand_computed_ranks():
@@ -54,45 +85,130 @@ def test_medr_follows_vsepp_convention():
     assert m["meanr"] == pytest.approx(2.25)
 
 
+def _tied_embeddings(rng):
+    """Small-integer embeddings: dot products are exact in float32 and tie often."""
+    img = rng.integers(-2, 3, size=(40, 4)).astype(np.float32)
+    txt = rng.integers(-2, 3, size=(200, 4)).astype(np.float32)
+    txt[::7] = txt[1]                 # duplicated captions across images
+    img[5] = img[6]                   # duplicated images
+    return img, txt
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 1000])
-def test_chunked_ranks_match_naive(chunk):
+@pytest.mark.parametrize("ties", [False, True])
+def test_chunked_ranks_match_naive(chunk, ties):
     rng = np.random.default_rng(0)
-    img = rng.normal(size=(40, 8)).astype(np.float32)
-    txt = rng.normal(size=(200, 8)).astype(np.float32)
+    if ties:
+        img, txt = _tied_embeddings(rng)
+    else:
+        img = rng.normal(size=(40, 8)).astype(np.float32)
+        txt = rng.normal(size=(200, 8)).astype(np.float32)
     cap_img = np.repeat(np.arange(40), 5)
+    scores = (img.astype(np.float64) @ txt.T.astype(np.float64)).astype(np.float32)
+    if ties:
+        # The test must exercise ties between a positive and a negative.
+        assert any(np.sum(scores[:, c] == scores[cap_img[c], c]) > 1 for c in range(200))
     i2t, t2i = R.ranks_from_embeddings(img, txt, cap_img, chunk_size=chunk)
-    n_i2t, n_t2i = _naive_ranks(img @ txt.T, cap_img)
+    n_i2t, n_t2i = _naive_ranks(scores, cap_img)
     np.testing.assert_array_equal(i2t, n_i2t)
     np.testing.assert_array_equal(t2i, n_t2i)
-    s_i2t, s_t2i = R.ranks_from_score_matrix(img @ txt.T, cap_img)
+    s_i2t, s_t2i = R.ranks_from_score_matrix(scores, cap_img)
     np.testing.assert_array_equal(s_i2t, n_i2t)
     np.testing.assert_array_equal(s_t2i, n_t2i)
+    blocks_i2t, blocks_t2i = R.ranks_from_score_fn(lambda a, b: scores[:, a:b], 40, cap_img,
+                                                   chunk_size=chunk)
+    np.testing.assert_array_equal(blocks_i2t, n_i2t)
+    np.testing.assert_array_equal(blocks_t2i, n_t2i)
 
 
-def test_sentence_retrieval_excludes_query_itself():
-    # Two images; captions of the same image are near-identical.
-    txt = np.array([[1, 0], [0.99, 0.1], [0, 1], [0.1, 0.99]], np.float32)
-    m = R.sentence_retrieval_metrics(txt, np.array([0, 0, 1, 1]), ks=(1,))
-    assert m["s2s_r1"] == 100.0
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ranks_equal_vsepp_on_tie_free_inputs(seed):
+    rng = np.random.default_rng(seed)
+    img = rng.normal(size=(60, 16)).astype(np.float32)
+    txt = (np.repeat(img, 5, axis=0) + 1.5 * rng.normal(size=(300, 16))).astype(np.float32)
+    img /= np.linalg.norm(img, axis=1, keepdims=True)
+    txt /= np.linalg.norm(txt, axis=1, keepdims=True)
+    v_i2t, v_t2i, v_i2t_metrics, v_t2i_metrics = _vsepp_i2t_t2i(img, txt)
+    i2t, t2i = R.ranks_from_embeddings(img, txt, np.repeat(np.arange(60), 5), chunk_size=64)
+    np.testing.assert_array_equal(i2t, v_i2t + 1)
+    np.testing.assert_array_equal(t2i, v_t2i + 1)
+    m = R.retrieval_metrics_from_ranks(i2t, t2i)
+    for key in ("r1", "r5", "r10", "medr", "meanr"):
+        assert m[f"i2t_{key}"] == pytest.approx(v_i2t_metrics[key])
+        assert m[f"t2i_{key}"] == pytest.approx(v_t2i_metrics[key])
+    # Not a trivial case: some queries miss at R@1.
+    assert 0 < m["i2t_r1"] < 100 and 0 < m["t2i_r1"] < 100
 
 
-def test_coco_1k_protocol_averages_five_folds():
-    rng = np.random.default_rng(1)
-    img = rng.normal(size=(5000, 4)).astype(np.float32)
-    txt = np.repeat(img, 5, axis=0) + 0.5 * rng.normal(size=(25000, 4)).astype(np.float32)
-    cap_img = np.repeat(np.arange(5000), 5)
-    m1k = R.evaluate_protocol(img, txt, cap_img, "coco_1k")
-    folds = [R.retrieval_metrics(img[f*1000:(f+1)*1000], txt[f*5000:(f+1)*5000],
-                                 cap_img[f*5000:(f+1)*5000] - f*1000) for f in range(5)]
-    assert m1k["i2t_r1"] == pytest.approx(np.mean([f["i2t_r1"] for f in folds]))
-    m5k = R.evaluate_protocol(img, txt, cap_img, "coco_5k")
-    assert m5k["t2i_r1"] < m1k["t2i_r1"]
+def test_ties_count_against_the_query():
+    images = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)   # two identical images
+    texts = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    i2t, t2i = R.ranks_from_embeddings(images, texts, [0, 1])
+    # Caption 0 scores 1 with both images: tie with the negative -> rank 2.
+    np.testing.assert_array_equal(t2i, [2, 2])
+    # Image 1's positive (caption 1) scores 0, its negative caption 0 scores 1.
+    np.testing.assert_array_equal(i2t, [1, 2])
 
 
-def test_bad_inputs_are_clear():
-    with pytest.raises(UserInputError, match="NaN"):
-        R.retrieval_metrics(np.array([[np.nan, 1.0]]), np.ones((1, 2)), [0])
-    with pytest.raises(UserInputError, match="one entry per caption"):
-        R.retrieval_metrics(np.ones((2, 2)), np.ones((3, 2)), [0, 1])
-    with pytest.raises(UserInputError, match="unknown protocol"):
-        R.evaluate_protocol(np.ones((2, 2)), np.ones((2, 2)), [0, 1], "coco_2k")
+@pytest.mark.parametrize("kind", ["zeros", "constant", "constant_texts", "zero_texts"])
+def test_collapsed_embeddings_score_at_or_below_chance(kind):
+    rng = np.random.default_rng(0)
+    n = 100
+    img = rng.normal(size=(n, 16)).astype(np.float32)
+    txt = rng.normal(size=(5 * n, 16)).astype(np.float32)
+    constant = rng.normal(size=16).astype(np.float32)
+    if kind == "zeros":
+        img[:], txt[:] = 0.0, 0.0
+    elif kind == "constant":
+        img[:], txt[:] = constant, constant
+    elif kind == "constant_texts":
+        txt[:] = constant
+    else:
+        txt[:] = 0.0
+    cap_img = np.repeat(np.arange(n), 5)
+    for metrics in (R.retrieval_metrics(img, txt, cap_img),
+                    R.evaluate_protocol(img, txt, cap_img, "full"),
+                    R.retrieval_metrics_from_ranks(*R.ranks_from_score_matrix(img @ txt.T, cap_img))):
+        # A random ranking gives i2t R@K ~ 5K/(5n) and t2i R@K ~ K/n; ties can only lower it.
+        assert metrics["t2i_r1"] <= 100.0 / n + 1e-9
+        assert metrics["t2i_r10"] <= 100.0 * 10 / n + 1e-9
+        if kind in ("zeros", "constant", "zero_texts"):
+            # every caption scores the same for every image: each query is last.
+            assert metrics["i2t_r10"] == 0.0 and metrics["t2i_r10"] == 0.0
+            assert metrics["rsum"] == 0.0
+
+
+def test_degenerate_embeddings_are_logged(caplog):
+    import logging as std_logging
+    from absl import logging as absl_logging
+    absl_logging.get_absl_logger().propagate = True
+    with caplog.at_level(std_logging.WARNING):
+        R.retrieval_metrics(np.ones((4, 3)), np.ones((8, 3)), np.repeat(np.arange(4), 2))
+    assert "degenerate" in caplog.text
+    caplog.clear()
+    rng = np.random.default_rng(0)
+    with caplog.at_level(std_logging.WARNING):
+        R.retrieval_metrics(rng.normal(size=(4, 3)), rng.normal(size=(8, 3)),
+                            np.repeat(np.arange(4), 2))
+    assert "degenerate" not in caplog.text
+    assert R.is_degenerate(np.zeros((3, 2))) and not R.is_degenerate(np.eye(3))
+
+
+def test_duplicate_captions_tie_exactly():
+    """Identical captions of different images tie exactly, whatever their positions."""
+    rng = np.random.default_rng(4)
+    img = rng.normal(size=(50, 32)).astype(np.float32)
+    txt = rng.normal(size=(250, 32)).astype(np.float32)
+    txt[1::5] = txt[0]            # one sentence written for every image
+    cap_img = np.repeat(np.arange(50), 5)
+    i2t, _ = R.ranks_from_embeddings(img, txt, cap_img, chunk_size=37)
+    scores = img.astype(np.float64) @ txt.T.astype(np.float64)
+    others = np.stack([scores[i, 5 * i + np.array([0, 2, 3, 4])].max() for i in range(50)])
+    duplicate_is_best = scores[:, 0] > others + 1e-4
+    assert duplicate_is_best.sum() >= 5
+    # Where the shared sentence is an image's best caption, its 49 copies written for
+    # other images tie with it and count against the image.
+    assert np.all(i2t[duplicate_is_best] >= 50)
+    # And every rank is the pessimistic reference's on exactly tied scores.
+    scores[:, 1::5] = scores[:, [0]]
+    np.testing.assert_array_equal(i2t, _naive_ranks(scores, cap_img)[0])

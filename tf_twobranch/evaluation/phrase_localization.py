@@ -3,9 +3,10 @@
 For each phrase the proposals of its image are ranked by score (higher is
 better); a proposal is correct when its IoU with the phrase's ground-truth
 box (the box enclosing all boxes of a plural chain) is ≥ 0.5. The phrase's
-rank is one more than the number of *incorrect* proposals scoring strictly
-higher than its best-scoring correct proposal — ties favour the correct
-proposal, as in the retrieval core. R@K is the percentage of *all* phrases
+rank is one more than the number of *incorrect* proposals scoring at least
+as high as its best-scoring correct proposal — ties count against the
+phrase, as in the retrieval core, so a model that scores every proposal
+alike localizes nothing (R@1 0 unless every proposal is correct). R@K is the percentage of *all* phrases
 with rank ≤ K (phrases without any correct proposal count as misses), and
 the upper bound is the percentage of phrases with at least one correct
 proposal (the paper's R@200 = 84.58).
@@ -79,7 +80,7 @@ def phrase_localization_ranks(scores, proposal_iou, valid=None, *,
     correct = mask & (iou >= iou_threshold)
     has_correct = correct.any(axis=1)
     best_correct = np.where(correct, scores, -np.inf).max(axis=1, initial=-np.inf)
-    beaten = mask & ~correct & (scores > best_correct[:, None])
+    beaten = mask & ~correct & (scores >= best_correct[:, None])
     return np.where(has_correct, beaten.sum(axis=1) + 1, 0).astype(np.int64)
 
 

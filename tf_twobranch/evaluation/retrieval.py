@@ -1,22 +1,32 @@
 """The one retrieval evaluation core shared by every model of the package.
 
 Everything reduces to one question per query: how many gallery items that are
-*not* positives score strictly higher than the query's best positive? The
-1-based rank of the query is one more than that count (ties favour the
-positive, as a stable argsort does when positives come first). From ranks we
-compute Recall@K, median and mean rank (the vsepp conventions: median rank is
-`floor(median(rank0)) + 1`, mean rank `mean(rank0) + 1`).
+*not* positives score at least as high as the query's best positive? The
+1-based rank of the query is one more than that count. Ties count against the
+query (ranks are pessimistic): a collapsed model whose scores are all equal
+ranks every query last, never first, so it scores at (or below) chance. From
+ranks we compute Recall@K, median and mean rank with the vsepp conventions
+(median rank `floor(median(rank0)) + 1`, mean rank `mean(rank0) + 1`). On
+tie-free scores the ranks equal vsepp's `i2t`/`t2i` exactly; where vsepp
+breaks a tie by the order of `numpy.argsort`, we always break it against the
+query.
 
-The similarity matrix is never materialised whole: the gallery is processed
-in chunks, so memory is bounded by `num_queries × chunk_size` and time grows
-linearly in queries × gallery. Positive scores are computed from the pairs
-directly, and positives are masked out of the counts, so rounding differences
-between the pair scores and the chunked matmul cannot shift a rank.
+A query's positive and negative scores always come out of the same matmul
+call: the gallery is scored in blocks that hold whole query rows (`rows ×
+gallery`), and the best positive is read from the same block as the negatives
+it is compared with. Comparing an `einsum` of the pairs with a matmul (as
+earlier versions did) lets rounding, which depends on the call's shapes,
+break exact ties either way. Within one call identical gallery vectors get
+identical scores, so duplicated captions tie exactly.
+
+Memory is bounded by the block (`rows × gallery` scores), never the whole
+similarity matrix; time grows linearly in queries × gallery. Image→text and
+text→image are two passes (one per query side).
 
 Scorers:
 * embeddings (cosine/dot, or negative Euclidean distance — the same ranking
-  for L2-normalised vectors): `ranks_from_embeddings`.
-* any model that scores (queries × gallery chunk) blocks (similarity
+  for L2-normalised vectors): `ranks_from_embeddings`, `group_ranks`.
+* any model that scores (images × caption chunk) blocks (similarity
   network, combined distances, CCA): `ranks_from_score_fn`.
 """
 from __future__ import annotations
@@ -32,43 +42,28 @@ from tf_twobranch.errors import UserInputError
 
 DEFAULT_KS = (1, 5, 10)
 DEFAULT_CHUNK = 2048  # fastest here at MSCOCO-5K scale (benchmarks/)
+# Score blocks of ranks_from_score_fn are kept (not recomputed) up to this size.
+_KEEP_SCORE_BLOCKS_BYTES = 1 << 30
+# Total variance across items below this fraction of the mean squared norm:
+# every item is (nearly) the same vector.
+_DEGENERATE_RELATIVE_VARIANCE = 1e-6
+_NO_POSITIVE = np.float32(-3e38)  # finite, so XLA never compares infinities
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)
-def _count_block(queries, gallery_chunk, threshold, query_group, gallery_group_chunk,
-                 gallery_index_chunk, query_index, exclude_self):
-    """Counts, per query and per gallery item, negatives above the threshold."""
-    scores = tf.matmul(queries, gallery_chunk, transpose_b=True)
-    return _counts_from_scores(scores, threshold, query_group, gallery_group_chunk,
-                               gallery_index_chunk, query_index, exclude_self)
-
-
-def _counts_from_scores(scores, threshold, query_group, gallery_group_chunk,
-                        gallery_index_chunk, query_index, exclude_self):
-    negative = tf.not_equal(query_group[:, None], gallery_group_chunk[None, :])
+def _count_rows(queries, gallery, query_group, gallery_group, query_index, gallery_index,
+                exclude_self):
+    """Per query row: best positive score, whether it has one, negatives scoring >= it."""
+    scores = tf.matmul(queries, gallery, transpose_b=True)  # (rows, G): one call
+    same_group = tf.equal(query_group[:, None], gallery_group[None, :])
     excluded = tf.logical_and(exclude_self,
-                              tf.equal(query_index[:, None], gallery_index_chunk[None, :]))
-    beats = tf.logical_and(scores > threshold[:, None],
-                           tf.logical_and(negative, tf.logical_not(excluded)))
-    return tf.reduce_sum(tf.cast(beats, tf.int32), axis=1)
-
-
-@tf.function(jit_compile=True, reduce_retracing=True)
-def _cross_count_block(images, caption_chunk, image_threshold, caption_threshold,
-                       caption_image_chunk):
-    """One matmul serves both directions of image–text retrieval.
-
-    Returns per-image counts of negative captions in the chunk above the
-    image's best positive score, and per-caption counts of negative images
-    above the caption's positive score.
-    """
-    scores = tf.matmul(images, caption_chunk, transpose_b=True)  # (I, c)
-    image_ids = tf.range(tf.shape(images)[0])
-    negative = tf.not_equal(image_ids[:, None], caption_image_chunk[None, :])
-    img_beats = tf.logical_and(scores > image_threshold[:, None], negative)
-    cap_beats = tf.logical_and(scores > caption_threshold[None, :], negative)
-    return (tf.reduce_sum(tf.cast(img_beats, tf.int32), axis=1),
-            tf.reduce_sum(tf.cast(cap_beats, tf.int32), axis=0))
+                              tf.equal(query_index[:, None], gallery_index[None, :]))
+    positive = tf.logical_and(same_group, tf.logical_not(excluded))
+    negative = tf.logical_and(tf.logical_not(same_group), tf.logical_not(excluded))
+    best = tf.reduce_max(tf.where(positive, scores, _NO_POSITIVE), axis=1)
+    has_positive = tf.reduce_any(positive, axis=1)
+    beats = tf.logical_and(negative, scores >= best[:, None])
+    return tf.reduce_sum(tf.cast(beats, tf.int32), axis=1), has_positive
 
 
 def _as_matrix(x, name) -> np.ndarray:
@@ -81,16 +76,106 @@ def _as_matrix(x, name) -> np.ndarray:
     return x
 
 
+def is_degenerate(embeds) -> bool:
+    """True when the rows are (nearly) one vector: near-zero variance across items."""
+    x = np.asarray(embeds, np.float64)
+    if x.ndim != 2 or len(x) < 2:
+        return False
+    spread = float(x.var(axis=0).sum())
+    scale = float(np.mean(np.sum(x * x, axis=1)))
+    return spread <= _DEGENERATE_RELATIVE_VARIANCE * scale or scale == 0.0
+
+
+def warn_if_degenerate(embeds, name: str) -> bool:
+    """Logs a warning (and returns True) when a split's embeddings have collapsed."""
+    if is_degenerate(embeds):
+        logging.warning(
+            "%s are degenerate: %d rows with (near-)zero variance across items — a collapsed "
+            "model or constant/zero input features. Ties count against the query, so its "
+            "recalls are at or below chance.", name, len(embeds))
+        return True
+    return False
+
+
 def _check_caption_image(caption_image, num_images, num_captions) -> np.ndarray:
-    caption_image = np.asarray(caption_image, dtype=np.int32)
+    caption_image = np.asarray(caption_image)
     if caption_image.shape != (num_captions,):
         raise UserInputError(
             f"caption_image must have one entry per caption ({num_captions}), "
             f"got shape {caption_image.shape}")
+    if num_captions and not np.issubdtype(caption_image.dtype, np.integer):
+        raise UserInputError(f"caption_image must hold integer image indices, got "
+                             f"dtype {caption_image.dtype}")
+    caption_image = caption_image.astype(np.int32)
     if num_captions and (caption_image.min() < 0 or caption_image.max() >= num_images):
         raise UserInputError(
             f"caption_image refers to image indices outside [0, {num_images})")
     return caption_image
+
+
+def group_ranks(query_embeds, gallery_embeds, query_group, gallery_group, *,
+                exclude_same_index: bool = False, chunk_size: int = DEFAULT_CHUNK,
+                max_block_elements: int | None = None, warn: bool = True) -> np.ndarray:
+    """1-based best-positive ranks: gallery items sharing a query's group are its positives.
+
+    Rank = 1 + the number of negatives scoring at least as high as the query's
+    best positive (dot products; ties count against the query). Queries
+    without a positive get rank 0 (excluded by `metrics_from_ranks`).
+
+    Args:
+      query_embeds, gallery_embeds: (Q, d) and (G, d).
+      query_group, gallery_group: (Q,) and (G,) integer group ids.
+      exclude_same_index: the query with index i is not compared with gallery
+        item i (sentence-to-sentence retrieval, where both are the same set).
+      chunk_size: queries per block (at most).
+      max_block_elements: at most this many scores per block (default
+        `chunk_size × G`); rows per block = max(1, this // G).
+      warn: log a warning when the queries or the gallery are degenerate.
+    """
+    queries = _as_matrix(query_embeds, "query_embeds")
+    gallery = _as_matrix(gallery_embeds, "gallery_embeds")
+    if queries.shape[1] != gallery.shape[1]:
+        raise UserInputError(f"embedding sizes differ: queries {queries.shape[1]}, "
+                             f"gallery {gallery.shape[1]}")
+    query_group = np.asarray(query_group, np.int32)
+    gallery_group = np.asarray(gallery_group, np.int32)
+    if query_group.shape != (len(queries),) or gallery_group.shape != (len(gallery),):
+        raise UserInputError(f"need one group id per query ({len(queries)}) and per gallery "
+                             f"item ({len(gallery)}), got {query_group.shape} and "
+                             f"{gallery_group.shape}")
+    num_queries, num_gallery = len(queries), len(gallery)
+    if warn:
+        warn_if_degenerate(queries, "query embeddings")
+        if gallery is not queries:
+            warn_if_degenerate(gallery, "gallery embeddings")
+    if num_queries == 0:
+        return np.zeros(0, np.int64)
+    budget = max_block_elements or chunk_size * max(1, num_gallery)
+    rows = int(max(1, min(chunk_size, budget // max(1, num_gallery), num_queries)))
+    gallery_t = tf.constant(gallery)
+    gallery_group_t = tf.constant(gallery_group)
+    gallery_index_t = tf.range(num_gallery, dtype=tf.int32)
+    exclude_t = tf.constant(exclude_same_index)
+    counts = np.zeros(num_queries, np.int64)
+    has_positive = np.zeros(num_queries, bool)
+    for start in range(0, num_queries, rows):
+        stop = min(start + rows, num_queries)
+        block = queries[start:stop]
+        group = query_group[start:stop]
+        index = np.arange(start, stop, dtype=np.int32)
+        if stop - start < rows:
+            # Pad the last block to the compiled shape (no recompilation);
+            # the padded rows' results are dropped below.
+            pad = rows - (stop - start)
+            block = np.concatenate([block, np.zeros((pad, block.shape[1]), np.float32)])
+            group = np.concatenate([group, np.zeros(pad, np.int32)])
+            index = np.concatenate([index, np.full(pad, -1, np.int32)])
+        count, positive = _count_rows(tf.constant(block), gallery_t, tf.constant(group),
+                                      gallery_group_t, tf.constant(index), gallery_index_t,
+                                      exclude_t)
+        counts[start:stop] = count.numpy()[:stop - start]
+        has_positive[start:stop] = positive.numpy()[:stop - start]
+    return np.where(has_positive, counts + 1, 0)
 
 
 def ranks_from_embeddings(image_embeds, text_embeds, caption_image, *,
@@ -102,7 +187,8 @@ def ranks_from_embeddings(image_embeds, text_embeds, caption_image, *,
         L2-normalised embeddings for cosine similarity.
       text_embeds: (num_captions, d).
       caption_image: (num_captions,) index of each caption's image.
-      chunk_size: captions per block; peak memory ~ num_images × chunk_size × 5 bytes.
+      chunk_size: a block holds at most num_images × chunk_size scores
+        (~5 bytes each while counting).
 
     Returns:
       (image_to_text_ranks (num_images,), text_to_image_ranks (num_captions,)).
@@ -115,26 +201,15 @@ def ranks_from_embeddings(image_embeds, text_embeds, caption_image, *,
         raise UserInputError(f"embedding sizes differ: images {images.shape[1]}, "
                              f"texts {texts.shape[1]}")
     caption_image = _check_caption_image(caption_image, len(images), len(texts))
-    positive_scores = np.einsum("nd,nd->n", texts, images[caption_image])
-    best_positive = np.full(len(images), -np.inf, np.float32)
-    np.maximum.at(best_positive, caption_image, positive_scores)
-    has_caption = np.isfinite(best_positive)
-    # Images without captions never count as "beaten", but a finite threshold
-    # keeps XLA free of inf comparisons; their rank is reported as 0.
-    image_threshold = np.where(has_caption, best_positive, np.float32(3e38))
-    image_counts = np.zeros(len(images), np.int64)
-    text_counts = np.empty(len(texts), np.int64)
-    images_t = tf.constant(images)
-    image_threshold_t = tf.constant(image_threshold)
-    for start in range(0, len(texts), chunk_size):
-        stop = min(start + chunk_size, len(texts))
-        img_c, cap_c = _cross_count_block(
-            images_t, tf.constant(texts[start:stop]), image_threshold_t,
-            tf.constant(positive_scores[start:stop]), tf.constant(caption_image[start:stop]))
-        image_counts += img_c.numpy()
-        text_counts[start:stop] = cap_c.numpy()
-    i2t = np.where(has_caption, image_counts + 1, 0)
-    return i2t, text_counts + 1
+    warn_if_degenerate(images, "image embeddings")
+    warn_if_degenerate(texts, "text embeddings")
+    budget = max(1, len(images)) * chunk_size
+    image_ids = np.arange(len(images), dtype=np.int32)
+    i2t = group_ranks(images, texts, image_ids, caption_image, chunk_size=len(images) or 1,
+                      max_block_elements=budget, warn=False)
+    t2i = group_ranks(texts, images, caption_image, image_ids, chunk_size=chunk_size,
+                      max_block_elements=budget, warn=False)
+    return i2t, t2i
 
 
 def ranks_from_score_fn(score_fn: Callable[[int, int], np.ndarray], num_images: int,
@@ -143,34 +218,68 @@ def ranks_from_score_fn(score_fn: Callable[[int, int], np.ndarray], num_images: 
     """Ranks for any scorer that returns (num_images, stop-start) score blocks.
 
     `score_fn(start, stop)` scores every image against captions start..stop-1
-    (higher is better). Two passes over the blocks: the first finds each
-    query's positive scores, the second counts negatives above them.
+    (higher is better); it is always called with `chunk_size` captions (the
+    last window overlaps). A caption's positive and negatives sit in one block.
+    An image's best positive is read from the blocks of its captions; the
+    blocks are kept for the image-side count when they fit in 1 GiB,
+    otherwise scored again (and checked to reproduce the positives: a scorer
+    that is not deterministic is reported).
     """
-    caption_image = np.asarray(caption_image, dtype=np.int32)
+    caption_image = np.asarray(caption_image)
     num_captions = len(caption_image)
     caption_image = _check_caption_image(caption_image, num_images, num_captions)
+    keep = num_images * num_captions * 4 <= _KEEP_SCORE_BLOCKS_BYTES
     positive_scores = np.empty(num_captions, np.float32)
-    blocks = []
+    text_counts = np.empty(num_captions, np.int64)
+    image_ids = np.arange(num_images)
+    kept, spans = [], []
+    flat = True
+
+    chunk_size = max(1, min(chunk_size, num_captions))
+
+    def block_for(start, stop):
+        # Every call asks for chunk_size captions (the last window overlaps
+        # the one before): a scorer's rounding may depend on its input's
+        # shape, and identical pairs must score identically across blocks.
+        first = min(start, num_captions - chunk_size)
+        block = np.asarray(score_fn(first, first + chunk_size), np.float32)
+        if block.shape != (num_images, chunk_size):
+            raise UserInputError(f"score_fn returned shape {block.shape}, expected "
+                                 f"{(num_images, chunk_size)}")
+        block = block[:, start - first:stop - first]
+        if np.isnan(block).any():
+            raise UserInputError(f"score_fn returned NaN scores for captions {start}..{stop - 1}")
+        return block
+
     for start in range(0, num_captions, chunk_size):
         stop = min(start + chunk_size, num_captions)
-        block = np.asarray(score_fn(start, stop), np.float32)
-        if block.shape != (num_images, stop - start):
-            raise UserInputError(f"score_fn returned shape {block.shape}, expected "
-                                 f"{(num_images, stop - start)}")
-        positive_scores[start:stop] = block[caption_image[start:stop], np.arange(stop - start)]
-        blocks.append((start, stop))
+        block = block_for(start, stop)
+        flat = flat and bool(np.all(block == block.flat[0]))
+        positives = block[caption_image[start:stop], np.arange(stop - start)]
+        positive_scores[start:stop] = positives
+        negative = image_ids[:, None] != caption_image[None, start:stop]
+        text_counts[start:stop] = ((block >= positives[None, :]) & negative).sum(0)
+        spans.append((start, stop))
+        if keep:
+            kept.append(block)
+    if flat and num_images > 1 and num_captions:
+        logging.warning("every score is the same (%d images x %d captions): a collapsed model "
+                        "or constant inputs; ties count against the query, so recalls are at "
+                        "or below chance", num_images, num_captions)
     best_positive = np.full(num_images, -np.inf, np.float32)
     np.maximum.at(best_positive, caption_image, positive_scores)
     has_caption = np.isfinite(best_positive)
-    image_threshold = np.where(has_caption, best_positive, np.inf)
     image_counts = np.zeros(num_images, np.int64)
-    text_counts = np.empty(num_captions, np.int64)
-    image_ids = np.arange(num_images)
-    for start, stop in blocks:
-        block = np.asarray(score_fn(start, stop), np.float32)
+    for k, (start, stop) in enumerate(spans):
+        block = kept[k] if keep else block_for(start, stop)
+        if not keep and not np.array_equal(
+                block[caption_image[start:stop], np.arange(stop - start)],
+                positive_scores[start:stop]):
+            logging.warning("score_fn gave different scores for captions %d..%d when called "
+                            "again; image-to-text ranks use the first call's positives",
+                            start, stop - 1)
         negative = image_ids[:, None] != caption_image[None, start:stop]
-        image_counts += ((block > image_threshold[:, None]) & negative).sum(axis=1)
-        text_counts[start:stop] = ((block > positive_scores[None, start:stop]) & negative).sum(0)
+        image_counts += ((block >= best_positive[:, None]) & negative).sum(axis=1)
     return np.where(has_caption, image_counts + 1, 0), text_counts + 1
 
 
@@ -179,48 +288,6 @@ def ranks_from_score_matrix(scores, caption_image) -> tuple[np.ndarray, np.ndarr
     scores = np.asarray(scores, np.float32)
     return ranks_from_score_fn(lambda a, b: scores[:, a:b], scores.shape[0], caption_image,
                                chunk_size=max(1, scores.shape[1]))
-
-
-def group_ranks(query_embeds, gallery_embeds, query_group, gallery_group, *,
-                exclude_same_index: bool = False,
-                chunk_size: int = DEFAULT_CHUNK) -> np.ndarray:
-    """Generic best-positive ranks: positives share a group id.
-
-    Used for sentence-to-sentence retrieval (queries and gallery are the same
-    captions, group = image, the query itself excluded) and any within-view
-    retrieval.
-    """
-    queries = _as_matrix(query_embeds, "query_embeds")
-    gallery = _as_matrix(gallery_embeds, "gallery_embeds")
-    query_group = np.asarray(query_group, np.int32)
-    gallery_group = np.asarray(gallery_group, np.int32)
-    # Best positive score per query, computed without the chunked matmul.
-    best = np.full(len(queries), -np.inf, np.float32)
-    order = np.argsort(gallery_group, kind="stable")
-    sorted_groups = gallery_group[order]
-    for q_start in range(0, len(queries), chunk_size):
-        q_stop = min(q_start + chunk_size, len(queries))
-        for qi in range(q_start, q_stop):
-            lo = np.searchsorted(sorted_groups, query_group[qi], "left")
-            hi = np.searchsorted(sorted_groups, query_group[qi], "right")
-            members = order[lo:hi]
-            if exclude_same_index:
-                members = members[members != qi]
-            if len(members):
-                best[qi] = np.max(gallery[members] @ queries[qi])
-    has_positive = np.isfinite(best)
-    threshold = np.where(has_positive, best, np.float32(3e38)).astype(np.float32)
-    counts = np.zeros(len(queries), np.int64)
-    queries_t = tf.constant(queries)
-    query_index = tf.range(len(queries), dtype=tf.int32)
-    for start in range(0, len(gallery), chunk_size):
-        stop = min(start + chunk_size, len(gallery))
-        counts += _count_block(
-            queries_t, tf.constant(gallery[start:stop]), tf.constant(threshold),
-            tf.constant(query_group), tf.constant(gallery_group[start:stop]),
-            tf.range(start, stop, dtype=tf.int32), query_index,
-            tf.constant(exclude_same_index)).numpy()
-    return np.where(has_positive, counts + 1, 0)
 
 
 def metrics_from_ranks(ranks, ks: Sequence[int] = DEFAULT_KS, prefix: str = "") -> dict:

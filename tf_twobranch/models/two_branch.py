@@ -310,10 +310,20 @@ class TwoBranchModel(keras.Model):
             joint = tf.reshape(img[:, None, :] * txt[None, :, :], [-1, img.shape[-1]])
             return tf.reshape(head(joint, training=False), [tf.shape(img)[0], -1])
 
+        images_t = tf.constant(image_embeds)
+        cols = max(1, min(len(text_embeds), pair_batch // max(1, len(image_embeds))))
+
         def score(a, b):
-            cols = max(1, pair_batch // max(1, len(image_embeds)))
-            blocks = [head_scores(tf.constant(image_embeds), tf.constant(text_embeds[c:min(c + cols, b)])).numpy()
-                      for c in range(a, b, cols)]
+            blocks = []
+            for c in range(a, b, cols):
+                texts = text_embeds[c:min(c + cols, b)]
+                width = len(texts)
+                # Every head call gets the same shape, so identical (image,
+                # caption) pairs score identically wherever they fall: rounding
+                # depends on the call's shapes, and ties must stay exact.
+                if width < cols:
+                    texts = np.concatenate([texts, np.zeros((cols - width, texts.shape[1]), texts.dtype)])
+                blocks.append(head_scores(images_t, tf.constant(texts)).numpy()[:, :width])
             return np.concatenate(blocks, axis=1)
         return score
 
