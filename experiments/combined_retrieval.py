@@ -32,6 +32,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import common
+from tf_twobranch.cli import absl_main
 
 DEFAULT_IMAGE_SENTENCE_CFG = "table2_b6_nonlinear_bidir_nbr_constraints"
 DEFAULT_REGION_PHRASE_CFG = "table1_b5_nonlinear_augm_pos_bidir_nbr_sampling"
@@ -231,13 +232,11 @@ def format_table(record: dict) -> str:
         f"({record['dataset_dir']}); paper numbers: Flickr30K", rows)
 
 
-def main(argv):
-    del argv
-    try:
-        record = run(flags.FLAGS)
-    except common.UserInputError as e:
-        common.exit_with_user_error(e)
-    print(format_table(record))
+def _main() -> None:
+    print(format_table(run(flags.FLAGS)))
+
+
+main = absl_main(_main)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 from absl import app, flags, logging
 
+from tf_twobranch.cli import absl_main
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
 FLAGS = flags.FLAGS
@@ -268,8 +269,7 @@ def define_flags():
     flags.DEFINE_integer("max_captions", None, "Draw at most this many captions per image.")
 
 
-def main(argv):
-    del argv
+def _main() -> None:
     if not FLAGS.out_dir:
         raise app.UsageError("--out_dir is required")
     if bool(FLAGS.saved_model) == bool(FLAGS.run_dir):
@@ -291,6 +291,9 @@ def main(argv):
     except UserInputError as err:
         raise app.UsageError(str(err)) from None
     print(f"Wrote {len(paths)} pictures to {FLAGS.out_dir}")
+
+
+main = absl_main(_main)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 from absl import app, flags, logging
 
 from experiments import common
+from tf_twobranch.cli import absl_main
 
 MODELS = ("embedding", "similarity", "cca")
 
@@ -244,13 +245,9 @@ def run(f) -> dict:
     return record
 
 
-def main(argv):
-    del argv
+def _main() -> None:
     f = flags.FLAGS
-    try:
-        record = run(f)
-    except common.UserInputError as e:
-        common.exit_with_user_error(e)
+    record = run(f)
     print(common.format_retrieval_table(
         f"Image-sentence retrieval ({record['num_test_images']} test images, "
         f"{record['num_test_captions']} sentences); paper numbers: {record['paper_dataset']}",
@@ -261,6 +258,9 @@ def main(argv):
               f"{s['s2s_r10']:.1f}")
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")
+
+
+main = absl_main(_main)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
+from tf_twobranch.cli import absl_main
 
 MODELS = ("embedding", "similarity", "cca")
 SIMILARITY_HEADS = {1: (), 2: (512,), 3: (512, 256)}   # FC layers after the element-wise product
@@ -393,24 +394,24 @@ def run_rows(configs, overrides=(), export_row: str = "b5", out_json=None) -> li
     return records
 
 
-def main(argv):
+def _main() -> None:
     f = flags.FLAGS
-    try:
-        if f.rows:
-            names = (sorted(common.CONFIG_DIR.glob("table1_*.cfg")) if f.rows == ["all"] else f.rows)
-            overrides = [a for a in sys.argv[1:] if a.startswith("-")
-                         and a.lstrip("-").split("=", 1)[0] not in ("rows", "flagfile")]
-            run_rows(names, overrides)
-            return
-        record = run(f)
-    except common.UserInputError as e:
-        common.exit_with_user_error(e)
+    if f.rows:
+        names = (sorted(common.CONFIG_DIR.glob("table1_*.cfg")) if f.rows == ["all"] else f.rows)
+        overrides = [a for a in sys.argv[1:] if a.startswith("-")
+                     and a.lstrip("-").split("=", 1)[0] not in ("rows", "flagfile")]
+        run_rows(names, overrides)
+        return
+    record = run(f)
     print(format_localization_table(
         f"Phrase localization ({record['num_test_phrases']} test phrases); paper numbers: Flickr30K Entities",
         [_table_row(record)]))
     print(format_per_type(record["metrics"]))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")
+
+
+main = absl_main(_main)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from absl import app, flags
 
 from experiments import common
 from experiments import image_sentence_retrieval as isr
+from tf_twobranch.cli import absl_main
 
 flags.DEFINE_enum("table", "2", ["2", "3"], "2: Flickr30K rows; 3: MSCOCO 1K rows.")
 flags.DEFINE_list("rows", [], "Row flagfiles (names in experiments/configs or paths), or "
@@ -40,7 +41,7 @@ def _row_overrides(argv: list[str]) -> list[str]:
     return [a for a in argv[1:] if a.startswith("-") and _flag_name(a) not in FLAGS]
 
 
-def main(argv):
+def _main() -> None:
     overrides = _row_overrides(sys.argv)
     every = sorted(common.CONFIG_DIR.glob(f"table{FLAGS.table}_*.cfg"))
     if FLAGS.rows == ["all"]:
@@ -53,14 +54,11 @@ def main(argv):
     start = time.time()
     for cfg in configs:
         export = bool(FLAGS.export_row) and FLAGS.export_row in cfg.stem
-        try:
-            fv = common.parse_flagfile(isr.define_flags, str(cfg),
-                                       [*overrides, f"--export={str(export).lower()}",
-                                        f"--run_dir={common.REPO_ROOT / 'runs' / cfg.stem}"])
-            print(f"\n=== {cfg.name}: {fv.row_name}", flush=True)
-            record = isr.run(fv)
-        except common.UserInputError as e:
-            common.exit_with_user_error(e)
+        fv = common.parse_flagfile(isr.define_flags, str(cfg),
+                                   [*overrides, f"--export={str(export).lower()}",
+                                    f"--run_dir={common.REPO_ROOT / 'runs' / cfg.stem}"])
+        print(f"\n=== {cfg.name}: {fv.row_name}", flush=True)
+        record = isr.run(fv)
         records.append(record)
         rows.append({"name": record["row"], "metrics": record["metrics"],
                      "paper": record["paper"]})
@@ -85,6 +83,14 @@ def main(argv):
     print(f"results: {out} ({time.time() - start:.0f} s)")
 
 
+main = absl_main(_main)
+
+
+def _absl_argv(argv: list[str]) -> list[str]:
+    """The runner's own flags and every positional argument (rejected as stray by absl_main)."""
+    return [argv[0]] + [a for a in argv[1:] if not a.startswith("-") or _flag_name(a) in FLAGS]
+
+
 if __name__ == "__main__":
     # Row flags are parsed per row (see _row_overrides); absl sees only its own.
-    app.run(main, argv=[sys.argv[0]] + [a for a in sys.argv[1:] if _flag_name(a) in FLAGS])
+    app.run(main, argv=_absl_argv(sys.argv))
