@@ -28,6 +28,18 @@ def test_duplicate_is_an_error_with_line(tmp_path):
         read_split_file(path)
 
 
+def test_multi_word_line_is_an_error_with_line(tmp_path):
+    path = tmp_path / "s.txt"
+    path.write_text("1\n\n2.jpg 0\n3\n")
+    with pytest.raises(DataFormatError, match=r"s\.txt, line 3: expected one image id per line, got 2 "
+                                              r"words: '2\.jpg 0'") as info:
+        read_split_file(path)
+    assert info.value.line == 3
+    path.write_text("1\n2\t3\n")
+    with pytest.raises(DataFormatError, match=r"line 2: expected one image id per line"):
+        read_split_file(path)
+
+
 def test_unknown_id_is_an_error_with_line_or_dropped(tmp_path):
     path = tmp_path / "s.txt"
     path.write_text("1\n\n5\n2\n")

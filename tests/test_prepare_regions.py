@@ -54,3 +54,101 @@ def test_prepare_builds_cached_split_data(tiny_dataset, tmp_path):
     again = pr.prepare_phrase_localization(tiny_dataset, tmp_path / "cache", spec)["test"]
     np.testing.assert_array_equal(np.asarray(again.region_features), np.asarray(test.region_features))
     np.testing.assert_array_equal(again.phrase_features, test.phrase_features)
+
+
+def test_split_image_ids_uses_the_split_file_reader(tmp_path):
+    with pytest.raises(DataFormatError, match="split file missing"):
+        pr.split_image_ids(tmp_path, "test")
+    (tmp_path / "test.txt").write_text("\n  \n")
+    with pytest.raises(DataFormatError, match=r"test\.txt: split file lists no image ids"):
+        pr.split_image_ids(tmp_path, "test")
+    (tmp_path / "test.txt").write_text("11.jpg\n12\n13 14\n")
+    with pytest.raises(DataFormatError, match=r"test\.txt, line 3: expected one image id per line"):
+        pr.split_image_ids(tmp_path, "test")
+    (tmp_path / "test.txt").write_text("11.jpg\n12\n13\n")
+    assert pr.split_image_ids(tmp_path, "test", 2) == ["11", "12"]
+
+
+def test_unreadable_proposal_files_are_data_format_errors(tiny_dataset, tmp_path):
+    from tf_twobranch.data.formats.proposals import read_proposals, write_proposals
+
+    test_ids = pr.split_image_ids(tiny_dataset, "test")
+    truncated = tmp_path / "truncated.h5"
+    write_proposals(truncated, read_proposals(tiny_dataset / "proposals.h5", test_ids))
+    data = truncated.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    empty = tmp_path / "empty.h5"
+    empty.write_bytes(b"")
+    text = tmp_path / "text.h5"
+    text.write_text("these are not proposals\n")
+    for path in (truncated, empty, text):
+        with pytest.raises(DataFormatError) as err:
+            pr.read_split_proposals(path, test_ids, 10)
+        assert err.value.path == str(path)
+    with pytest.raises(DataFormatError, match="truncated.h5"):
+        pr.prepare_phrase_localization(tiny_dataset, tmp_path / "cache", _spec(proposals=str(truncated)))
+
+
+def _proposals_with_one_box_outside(tiny_dataset, tmp_path):
+    from tf_twobranch.data.formats.proposals import read_proposals, write_proposals
+
+    test_ids = pr.split_image_ids(tiny_dataset, "test")[:3]
+    boxes = read_proposals(tiny_dataset / "proposals.h5")
+    boxes[test_ids[1]] = boxes[test_ids[1]].copy()
+    boxes[test_ids[1]][2] = [10, 20, 900, 40]  # the images are 96 x 96
+    path = tmp_path / "scaled.h5"
+    write_proposals(path, boxes)
+    return path, test_ids
+
+
+def test_proposals_outside_the_image_are_refused(tiny_dataset, tmp_path):
+    path, test_ids = _proposals_with_one_box_outside(tiny_dataset, tmp_path)
+    spec = _spec(proposals=str(path), max_images={"test": 3})
+    with pytest.raises(DataFormatError) as err:
+        pr.split_region_features(tiny_dataset, "test", tmp_path / "cache", spec)
+    message = str(err.value)
+    assert err.value.path == str(path) and err.value.record == test_ids[1]
+    for part in ("box 2 [10, 20, 900, 40]", "96 x 96", "wrong scale", "--clip_proposals"):
+        assert part in message
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("*.npy"))
+
+
+def test_clip_proposals_clips_crops_and_iou_boxes_alike(tiny_dataset, tmp_path, monkeypatch):
+    from tf_twobranch.features import image_features
+    from tf_twobranch.sampling.phrase_localization import build_phrase_localization_data
+
+    path, test_ids = _proposals_with_one_box_outside(tiny_dataset, tmp_path)
+    crops = {}
+
+    class Backbone:
+        output_shape = (None, 3)
+
+    def fake_extract(image, boxes, backbone, batch_size, source):
+        crops[source] = np.asarray(boxes)
+        return np.zeros((len(boxes), 3), np.float32)
+
+    monkeypatch.setattr(pr, "region_backbone", lambda *args: Backbone())
+    monkeypatch.setattr(image_features, "extract_region_features", fake_extract)
+    spec = _spec(proposals=str(path), max_images={"test": 3}, clip_proposals=True)
+    regions = pr.split_region_features(tiny_dataset, "test", tmp_path / "cache", spec)
+    clipped = regions["proposals"][test_ids[1]]
+    np.testing.assert_array_equal(clipped[2], [10, 20, 95, 40])
+    assert (regions["proposals_path"] == str(path)) and len(crops) == 3
+    for image_id in test_ids:
+        boxes = regions["proposals"][image_id]
+        crop = crops[f"{path} (image {image_id})"][:len(boxes)]
+        np.testing.assert_array_equal(crop, pr._half_open(boxes, 96, 96))
+        np.testing.assert_array_equal(crop[:, :2], boxes[:, :2])
+        np.testing.assert_array_equal(crop[:, 2:] - 1, boxes[:, 2:])
+    examples = [e for e in regions["examples"] if e.image_id in test_ids]
+    data = build_phrase_localization_data(examples, regions["proposals"], regions["proposal_features"],
+                                          regions["gt_region_features"], np.zeros((len(examples), 2)))
+    image = data.image_ids.index(test_ids[1])
+    lo = data.image_region_offsets[image]
+    np.testing.assert_array_equal(data.region_boxes[lo + 2], [10, 20, 95, 40])
+    # A cache hit (sizes from the cache index, no image read) clips the same way.
+    again = pr.split_region_features(tiny_dataset, "test", tmp_path / "cache", spec)
+    np.testing.assert_array_equal(again["proposals"][test_ids[1]], clipped)
+    with pytest.raises(DataFormatError, match="--clip_proposals"):
+        pr.split_region_features(tiny_dataset, "test", tmp_path / "cache",
+                                 _spec(proposals=str(path), max_images={"test": 3}))

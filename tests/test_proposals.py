@@ -85,6 +85,73 @@ def test_ambiguous_and_missing_paths(tmp_path):
         pf.read_proposals(tmp_path / "junk.h5", ["5"])
 
 
+def test_all_missing_images_reported_in_one_error(tmp_path):
+    pf.write_proposals(tmp_path / "p.h5", BOXES)
+    pf.write_proposals(tmp_path / "d", BOXES)
+    for path in (tmp_path / "p.h5", tmp_path / "d"):
+        with pytest.raises(DataFormatError, match=r"no proposals for image 300 \(2 of the 4 requested") as info:
+            pf.read_proposals(path, ["100", "300", "200", "400"])
+        assert info.value.record == "300" and str(path) in str(info.value)
+
+
+def _truncated_file(tmp_path):
+    path = tmp_path / "truncated.h5"
+    pf.write_proposals(path, {str(i): np.tile(BOXES["100"], (20, 1)) for i in range(5)})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def test_truncated_empty_and_text_hdf5_files_name_the_file(tmp_path):
+    truncated = _truncated_file(tmp_path)
+    empty = tmp_path / "empty.h5"
+    empty.write_bytes(b"")
+    text = tmp_path / "text.hdf5"
+    text.write_text("1 2 3 4\n")
+    for path, message in ((truncated, "not a readable HDF5 file"), (empty, r"empty \(0 bytes\)"),
+                          (text, "not a readable HDF5 file")):
+        for ids in (["1"], None):
+            with pytest.raises(DataFormatError, match=message) as info:
+                pf.read_proposals(path, ids)
+            assert info.value.path == str(path)
+
+
+def test_unreadable_dataset_names_file_and_image(tmp_path):
+    import h5py
+
+    path = tmp_path / "corrupt.h5"
+    pf.write_proposals(path, BOXES, SCORES)
+    with h5py.File(path, "r") as handle:
+        header = h5py.h5o.get_info(handle["200"].id).addr
+    data = bytearray(path.read_bytes())
+    data[header:header + 16] = b"\xff" * 16  # the object header of dataset "200"
+    path.write_bytes(bytes(data))
+    np.testing.assert_array_equal(pf.read_proposals(path, ["100"])["100"], BOXES["100"])
+    for ids in (["100", "200"], None):
+        with pytest.raises(DataFormatError, match="cannot read the proposals of image 200") as info:
+            pf.read_proposals(path, ids)
+        assert info.value.record == "200" and "corrupt.h5" in str(info.value)
+
+
+def test_fit_proposals_to_images_refuses_or_clips(tmp_path, caplog):
+    path = tmp_path / "p.h5"
+    inside = {"1": np.array([[0, 0, 255, 127], [3, 4, 256, 128]], np.float32)}  # second: within 1 px
+    fitted, clipped = pf.fit_proposals_to_images(path, inside, {"1": (256, 128)})
+    np.testing.assert_array_equal(fitted["1"], [[0, 0, 255, 127], [3, 4, 255, 127]])
+    assert clipped == 1
+    outside = {"1": inside["1"], "2": np.array([[0, 0, 10, 10], [5, 6, 900, 100]], np.float32)}
+    sizes = {"1": (256, 128), "2": (256, 128)}
+    with pytest.raises(DataFormatError) as info:
+        pf.fit_proposals_to_images(path, outside, sizes)
+    message = str(info.value)
+    assert info.value.record == "2" and "p.h5" in message
+    for part in ("box 1 [5, 6, 900, 100]", "256 x 128", "wrong scale", "--clip_proposals"):
+        assert part in message
+    fitted, clipped = pf.fit_proposals_to_images(path, outside, sizes, clip=True)
+    np.testing.assert_array_equal(fitted["2"], [[0, 0, 10, 10], [5, 6, 255, 100]])
+    assert clipped == 2
+
+
 # ---------------------------------------------------------------- generator
 
 

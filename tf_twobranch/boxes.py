@@ -110,13 +110,15 @@ def clip_boxes(boxes, width: int, height: int) -> np.ndarray:
 
 
 def validate_boxes(boxes, width: float | None = None, height: float | None = None, *,
-                   path=None, record=None) -> np.ndarray:
+                   path=None, record=None, tolerance: float = 0.0, hint: str = "") -> np.ndarray:
     """Checks (N, 4) boxes and returns them as float32.
 
     Raises DataFormatError (naming ``path``, ``record`` and the first bad box)
     when the array is not (N, 4), holds NaN/inf, a box has zero or negative
     area (``x2 < x1`` or ``y2 < y1``), or — when ``width``/``height`` are given —
-    a box extends outside the image (see the module docstring for the bounds).
+    a box extends outside the image (see the module docstring for the bounds)
+    by more than ``tolerance`` pixels.  ``hint`` is appended to the message of
+    an out-of-image box (e.g. what to do about it).
     """
     where = path if path is not None else "<boxes>"
     try:
@@ -143,14 +145,18 @@ def validate_boxes(boxes, width: float | None = None, height: float | None = Non
     negative = (array[:, 0] < 0) | (array[:, 1] < 0)
     if negative.any():
         fail(int(np.argmax(negative)), "has a negative coordinate (expected 0-based pixel coordinates)")
-    if width is not None:
-        outside = array[:, 2] > width - 1
+    size = f"{width:g} x {height:g}" if width is not None and height is not None else None
+    for column, name, extent, axis in ((2, "x2", width, "width"), (3, "y2", height, "height")):
+        if extent is None:
+            continue
+        outside = array[:, column] > extent - 1 + tolerance
         if outside.any():
-            fail(int(np.argmax(outside)), f"extends outside the image: x2 > width - 1 = {width - 1:g}")
-    if height is not None:
-        outside = array[:, 3] > height - 1
-        if outside.any():
-            fail(int(np.argmax(outside)), f"extends outside the image: y2 > height - 1 = {height - 1:g}")
+            reason = f"extends outside the image: {name} > {axis} - 1 = {extent - 1:g}"
+            if tolerance:
+                reason += f" (by more than the {tolerance:g}-pixel tolerance)"
+            if size:
+                reason += f"; the image is {size} pixels (width x height)"
+            fail(int(np.argmax(outside)), reason + (f"; {hint}" if hint else ""))
     return array.astype(np.float32)
 
 

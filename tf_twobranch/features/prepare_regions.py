@@ -56,6 +56,10 @@ class RegionFeatureSpec:
     pca_dim: int = 6000
     max_images: dict | None = None   # split -> keep only its first N images (quick runs)
     seed: int = 0
+    # Clip proposals that extend outside their image (crops and IoU both use
+    # the clipped boxes) instead of refusing them.  Not part of the cache key:
+    # crops were always clipped, so the features do not depend on it.
+    clip_proposals: bool = False
 
     def validate(self) -> None:
         if self.image_backbone not in IMAGE_BACKBONES:
@@ -78,11 +82,16 @@ class RegionFeatureSpec:
 
 
 def split_image_ids(dataset_dir, split: str, max_images: int | None = None) -> list[str]:
-    """Image ids listed in ``<dataset_dir>/<split>.txt`` (first ``max_images`` of them)."""
+    """Image ids listed in ``<dataset_dir>/<split>.txt`` (first ``max_images`` of them).
+
+    Read with :func:`tf_twobranch.data.formats.splits.read_split_file` (one id
+    per line, image extensions stripped, repeated ids refused).
+    """
+    from tf_twobranch.data.formats.splits import read_split_file
     path = pathlib.Path(dataset_dir) / f"{split}.txt"
     if not path.is_file():
         raise DataFormatError(path, f"split file missing: expected one image id per line for the {split} split")
-    ids = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    ids = read_split_file(path)
     if not ids:
         raise DataFormatError(path, "split file lists no image ids")
     return ids[:max_images] if max_images else ids
@@ -109,17 +118,13 @@ def _proposals_source(dataset_dir: pathlib.Path, cache_dir: pathlib.Path, spec: 
 
 
 def read_split_proposals(path, image_ids: Sequence[str], max_proposals: int) -> dict[str, np.ndarray]:
-    """Proposals of ``image_ids`` (best ``max_proposals`` first); a missing image is a DataFormatError."""
+    """Proposals of ``image_ids`` (best ``max_proposals`` first).
+
+    Missing images (all of them counted in one error naming the first), an
+    unreadable file or an invalid box are DataFormatErrors naming the file.
+    """
     from tf_twobranch.data.formats.proposals import read_proposals
     path = pathlib.Path(path)
-    if path.suffix.lower() in (".h5", ".hdf5"):
-        import h5py
-        with h5py.File(path, "r") as handle:
-            missing = [i for i in image_ids if i not in handle]
-        if missing:
-            raise DataFormatError(path, f"no proposals for image {missing[0]} ({len(missing)} image(s) of the "
-                                  "split missing); every image of the split needs a proposals dataset "
-                                  "named by its id", record=missing[0])
     boxes = read_proposals(path, list(image_ids))
     out = {}
     for image_id in image_ids:
@@ -131,12 +136,15 @@ def read_split_proposals(path, image_ids: Sequence[str], max_proposals: int) -> 
 
 
 def _half_open(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Inclusive-pixel boxes (tf_twobranch.boxes) → half-open crops inside the image."""
-    b = np.asarray(boxes, np.float64).copy()
-    b[:, 0] = np.clip(b[:, 0], 0, width - 1)
-    b[:, 1] = np.clip(b[:, 1], 0, height - 1)
-    b[:, 2] = np.clip(b[:, 2] + 1, b[:, 0] + 1, width)
-    b[:, 3] = np.clip(b[:, 3] + 1, b[:, 1] + 1, height)
+    """Inclusive-pixel boxes (tf_twobranch.boxes) → half-open crops inside the image.
+
+    Boxes are clipped with :func:`tf_twobranch.boxes.clip_boxes` first, the
+    same clipping that :func:`split_region_features` applies to the proposals
+    used for IoU (there it is a no-op: those boxes are already inside).
+    """
+    from tf_twobranch.boxes import clip_boxes
+    b = clip_boxes(boxes, width, height).astype(np.float64)
+    b[:, 2:] += 1
     return b
 
 
@@ -157,9 +165,12 @@ def region_backbone(dataset_dir: pathlib.Path, images_dir: pathlib.Path, region_
     # the training images and their captions.
     from tf_twobranch.data.retrieval_data import load_caption_splits
     from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.features.images import load_image
+    from tf_twobranch.features.images import load_images_at_size
     train = load_caption_splits(dataset_dir)["train"]
-    images = np.stack([load_image(_image_path(images_dir, i)) for i in train.image_ids])
+    # Square images of one size (the embedded data) are used as they are; real
+    # images of mixed sizes are resized to 96x96.  Region crops of any size are
+    # then warped to the network's input by extract_region_features.
+    images = load_images_at_size([_image_path(images_dir, i) for i in train.image_ids])
     tokens = [[tokenize_caption(c) for c in caps] for caps in train.captions_by_image()]
     backbone = train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed)
     region_dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +195,13 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
     {id: (N_i, 4)}, ``proposal_features`` {id: (N_i, D)} and
     ``gt_region_features`` {id: (G_i, D)} in the order of
     :func:`~tf_twobranch.sampling.phrase_localization.ground_truth_regions`.
+
+    Before any feature is computed the proposals are checked against their
+    image's size (:func:`~tf_twobranch.data.formats.proposals.fit_proposals_to_images`):
+    a box outside the image by more than 1 pixel is a DataFormatError unless
+    ``spec.clip_proposals``; the returned ``proposals`` are the boxes clipped
+    to the image, i.e. exactly the boxes that were cropped, so IoU with the
+    ground truth and the region features agree.
     """
     from tf_twobranch.data.phrases import build_phrase_examples
     from tf_twobranch.sampling.phrase_localization import ground_truth_regions
@@ -203,6 +221,31 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
     region_dir = cache_dir / f"regions_{spec.image_backbone}_{_digest(_region_key(spec, proposals_path))}"
     stem = f"{split}_{_digest({'ids': ids})}"
     index_path = region_dir / f"{stem}_index.json"
+    # Image sizes (width, height): from the cache index, else from the image headers (cheap, no decoding).
+    cached_sizes = (json.loads(index_path.read_text(encoding="utf-8")).get("image_sizes")
+                    if index_path.exists() else None)
+    if cached_sizes is not None:
+        sizes = {i: tuple(size) for i, size in zip(ids, cached_sizes)}
+    else:
+        from PIL import Image
+        from tf_twobranch.features.images import load_image
+        sizes = {}
+        for image_id in ids:
+            image_path = _image_path(images_dir, image_id)
+            try:
+                with Image.open(image_path) as handle:
+                    sizes[image_id] = tuple(handle.size)
+            except (OSError, ValueError, SyntaxError):
+                height, width = load_image(image_path).shape[:2]  # a DataFormatError naming the file
+                sizes[image_id] = (width, height)
+    from tf_twobranch.data.formats.proposals import IMAGE_TOLERANCE, fit_proposals_to_images
+    proposals, clipped = fit_proposals_to_images(proposals_path, proposals, sizes, clip=spec.clip_proposals)
+    if clipped:
+        logging.info("%d of %d proposal boxes of the %s split (%s) extended outside their image and were "
+                     "clipped to it (%s); crops and IoU use the clipped boxes", clipped,
+                     sum(len(b) for b in proposals.values()), split, proposals_path,
+                     "clip_proposals is set" if spec.clip_proposals
+                     else f"within the {IMAGE_TOLERANCE:g}-pixel tolerance")
     if not index_path.exists():
         from tf_twobranch.features.image_features import extract_region_features
         from tf_twobranch.features.images import load_image
@@ -235,8 +278,8 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
         del prop, gtf
         tmp_p.rename(region_dir / f"{stem}_proposals.npy")
         tmp_g.rename(region_dir / f"{stem}_gt.npy")
-        index_path.write_text(json.dumps({"image_ids": ids, "proposal_counts": counts,
-                                          "gt_counts": gt_counts}), encoding="utf-8")
+        index_path.write_text(json.dumps({"image_ids": ids, "proposal_counts": counts, "gt_counts": gt_counts,
+                                          "image_sizes": [list(sizes[i]) for i in ids]}), encoding="utf-8")
         logging.info("region features of %s computed in %.1f s", split, time.time() - start)
     index = json.loads(index_path.read_text(encoding="utf-8"))
     prop = np.load(region_dir / f"{stem}_proposals.npy", mmap_mode="r")

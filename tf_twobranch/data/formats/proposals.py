@@ -26,8 +26,12 @@ Two layouts are read and written:
 
 Reading checks every box (finite, non-negative, ``x2 >= x1`` and
 ``y2 >= y1``) and raises :class:`~tf_twobranch.errors.DataFormatError` naming
-the file, the image id (and line for text files) when a box is invalid or an
-image requested in ``image_ids`` has no proposals.
+the file, the image id (and line for text files) when a box is invalid, when
+images requested in ``image_ids`` have no proposals (one error naming the
+first missing id and how many are missing), or when the file cannot be read
+(empty, truncated, corrupt or not HDF5).  :func:`read_proposals` is the one
+place that opens proposal files.  Whether boxes lie inside their images needs
+the image sizes: :func:`fit_proposals_to_images` checks (or clips) that.
 """
 from __future__ import annotations
 
@@ -67,33 +71,56 @@ def _check(boxes, scores, path, image_id, line=None):
 # ---------------------------------------------------------------------------- reading
 
 
+def _missing_error(path: str, missing: list[str], requested: int, expected: str) -> DataFormatError:
+    """One error for all requested image ids without proposals (names the first and the count)."""
+    return DataFormatError(path, f"no proposals for image {missing[0]} ({len(missing)} of the {requested} "
+                                 f"requested image(s) have none; expected {expected} for every image id)",
+                           record=missing[0])
+
+
+# Raised by h5py when a (truncated or corrupt) file's metadata or data cannot be read.
+_HDF5_READ_ERRORS = (OSError, RuntimeError, KeyError)
+
+
 def _read_hdf5(path: str, image_ids):
     import h5py
 
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        raise DataFormatError(path, "proposal file is empty (0 bytes); expected an HDF5 file with one (N, 4) "
+                                    "dataset per image id")
     try:
         handle = h5py.File(path, "r")
     except FileNotFoundError:
         raise DataFormatError(path, "proposal file not found") from None
     except OSError as error:
-        raise DataFormatError(path, f"not a readable HDF5 file: {error}") from None
+        raise DataFormatError(path, f"not a readable HDF5 file (truncated, corrupt or not HDF5): {error}") from None
     boxes_out, scores_out = {}, {}
     with handle:
-        if image_ids is None:
-            image_ids = [key for key in handle.keys() if not key.endswith(SCORES_SUFFIX)]
+        try:
+            if image_ids is None:
+                image_ids = [key for key in handle.keys() if not key.endswith(SCORES_SUFFIX)]
+            missing = [image_id for image_id in image_ids if image_id not in handle]
+        except _HDF5_READ_ERRORS as error:
+            raise DataFormatError(path, f"cannot list the datasets of the HDF5 file (truncated or corrupt?): "
+                                        f"{error}") from None
+        if missing:
+            raise _missing_error(path, missing, len(image_ids), "a dataset named by the image id, of shape (N, 4)")
         for image_id in image_ids:
-            image_id = str(image_id)
-            if image_id not in handle:
-                raise DataFormatError(path, f"no proposals for image {image_id} (expected a dataset named "
-                                            f"{image_id!r} of shape (N, 4))", record=image_id)
-            dataset = handle[image_id]
-            if not isinstance(dataset, h5py.Dataset):
-                raise DataFormatError(path, f"{image_id!r} is a group, expected a (N, 4) dataset", record=image_id)
-            boxes = dataset[()]
+            try:
+                dataset = handle[image_id]
+                if not isinstance(dataset, h5py.Dataset):
+                    raise DataFormatError(path, f"{image_id!r} is a group, expected a (N, 4) dataset",
+                                          record=image_id)
+                boxes = dataset[()]
+                scores_key = image_id + SCORES_SUFFIX
+                scores = handle[scores_key][()] if scores_key in handle else None
+            except _HDF5_READ_ERRORS as error:
+                raise DataFormatError(path, f"cannot read the proposals of image {image_id} (truncated or corrupt "
+                                            f"HDF5 file?): {error}", record=image_id) from None
+            boxes = np.asarray(boxes)
             if boxes.dtype.kind not in "fiu":
                 raise DataFormatError(path, f"dataset has dtype {boxes.dtype}, expected float boxes",
                                       record=image_id)
-            scores_key = image_id + SCORES_SUFFIX
-            scores = handle[scores_key][()] if scores_key in handle else None
             boxes_out[image_id], scores_out[image_id] = _check(boxes, scores, path, image_id)
     return boxes_out, scores_out
 
@@ -152,13 +179,13 @@ def _read_directory(path: str, image_ids):
             by_id.setdefault(stem, []).append(name)
     if image_ids is None:
         image_ids = list(by_id)
+    missing = [image_id for image_id in image_ids if not by_id.get(image_id)]
+    if missing:
+        raise _missing_error(path, missing, len(image_ids), f"a file <image id>.npy, .txt or .csv (e.g. "
+                                                            f"{missing[0]}.npy)")
     boxes_out, scores_out = {}, {}
     for image_id in image_ids:
-        image_id = str(image_id)
-        names = by_id.get(image_id)
-        if not names:
-            raise DataFormatError(path, f"no proposals for image {image_id} (expected {image_id}.npy, "
-                                        f"{image_id}.txt or {image_id}.csv)", record=image_id)
+        names = by_id[image_id]
         if len(names) > 1:
             raise DataFormatError(path, f"several proposal files for image {image_id}: {names}; keep one",
                                   record=image_id)
@@ -187,11 +214,50 @@ def read_proposals(path, image_ids: Iterable[str] | None = None, *, return_score
     path = os.fspath(path)
     if image_ids is not None:
         image_ids = [str(i) for i in image_ids]
+    # The only place that opens proposal files: callers go through this function.
     if _is_hdf5_path(path):
         boxes, scores = _read_hdf5(path, image_ids)
     else:
         boxes, scores = _read_directory(path, image_ids)
     return (boxes, scores) if return_scores else boxes
+
+
+#: How far (in pixels) a box may extend past the last pixel row/column
+#: (``x2 <= width - 1 + IMAGE_TOLERANCE``) and still be accepted (then clipped)
+#: by :func:`fit_proposals_to_images` without ``clip=True``: this absorbs
+#: rounding and the half-open / 1-based ``x2 = width`` of some proposal tools.
+IMAGE_TOLERANCE = 1.0
+
+
+def fit_proposals_to_images(path, proposals: Mapping[str, np.ndarray], image_sizes: Mapping[str, tuple[int, int]],
+                            *, clip: bool = False, clip_flag: str = "--clip_proposals"):
+    """Checks that proposals lie inside their images; returns ``(boxes clipped to the image, count clipped)``.
+
+    ``image_sizes[image id]`` is ``(width, height)`` in pixels.  A box may
+    extend up to :data:`IMAGE_TOLERANCE` pixel past the image (rounding,
+    half-open or 1-based ``x2 = width``); such boxes are clipped to the
+    image.  A box further outside raises a DataFormatError naming ``path``,
+    the image id, the box (index and coordinates) and the image size, unless
+    ``clip`` is true, in which case every box is clipped to the image
+    (``x2 <= width - 1``, ``y2 <= height - 1``).  The returned boxes are
+    what both the crops and the IoU with the ground truth must use.
+    """
+    from tf_twobranch.boxes import clip_boxes
+
+    path = os.fspath(path)
+    out, clipped = {}, 0
+    for image_id, boxes in proposals.items():
+        width, height = image_sizes[image_id]
+        if not clip:
+            validate_boxes(boxes, width, height, path=path, record=image_id, tolerance=IMAGE_TOLERANCE,
+                           hint="the proposals are probably at the wrong scale (e.g. computed on resized "
+                                f"images) or belong to other images; pass {clip_flag} to clip every box "
+                                "to its image instead")
+        boxes = np.asarray(boxes, np.float32)
+        fitted = clip_boxes(boxes, width, height)
+        clipped += int(np.any(fitted != boxes, axis=1).sum())
+        out[image_id] = fitted
+    return out, clipped
 
 
 # ---------------------------------------------------------------------------- writing

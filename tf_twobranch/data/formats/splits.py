@@ -24,7 +24,8 @@ def read_split_file(path: str | os.PathLike, known_ids: Collection[str] | None =
       drop_unknown: silently skip ids not in `known_ids` instead of raising
         (the Multi30K caption file lacks some Flickr30K Entities images).
     Raises:
-      DataFormatError with the line number for a repeated id or an unknown id.
+      DataFormatError with the line number for a line holding more than one
+      word (one image id per line is expected), a repeated id or an unknown id.
     """
     path = os.fspath(path)
     if known_ids is not None and not isinstance(known_ids, (set, frozenset, dict)):
@@ -35,6 +36,9 @@ def read_split_file(path: str | os.PathLike, known_ids: Collection[str] | None =
         name = line.strip()
         if not name:
             continue
+        if len(name.split()) > 1:
+            raise DataFormatError(path, f"expected one image id per line, got {len(name.split())} words: "
+                                  f"{name!r}", line=line_number)
         image_id = strip_image_extension(name)
         if image_id in first_line:
             raise DataFormatError(path, f"image id {image_id!r} is repeated (first on line "
