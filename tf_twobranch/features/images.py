@@ -7,6 +7,10 @@ Two implementations of the same geometry:
   bad file is reported as a `DataFormatError` naming it;
 * TensorFlow (`tf_decode_image`, `tf_ten_crops`) for `tf.data` pipelines.
 
+`load_images_at_size` loads a folder's worth of images (of any sizes) into
+one square uint8 array, for the networks trained on stacked images (the
+scene CNN).
+
 The ten-crop scheme is the one of Wang et al. (TPAMI 2018, §5.3) and Klein et
 al.: the image is resized to `resize_to`×`resize_to` (256×256 in the paper,
 aspect ratio not preserved), then cropped to `crop_size`×`crop_size` (224) at
@@ -18,15 +22,20 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Sequence
 
 import numpy as np
+from absl import logging
 from PIL import Image, UnidentifiedImageError
 
 from tf_twobranch.errors import ConfigError, DataFormatError
 
 __all__ = [
     "CROP_NAMES",
+    "DEFAULT_STACK_SIZE",
+    "image_file_shape",
     "load_image",
+    "load_images_at_size",
     "resize",
     "resize_shorter_side",
     "center_crop",
@@ -74,6 +83,88 @@ def load_image(path: str | os.PathLike) -> np.ndarray:
     if array.ndim != 3 or array.shape[0] == 0 or array.shape[1] == 0:
         raise DataFormatError(path, f"decoded image has unusable shape {array.shape}")
     return array
+
+
+def image_file_shape(path: str | os.PathLike) -> tuple[int, int]:
+    """(height, width) of an image file, read from its header (no decoding).
+
+    Equals ``load_image(path).shape[:2]`` (no EXIF rotation is applied by
+    either).  A file whose header cannot be read is decoded with `load_image`,
+    so that the error is its `DataFormatError` naming the file.
+    """
+    try:
+        with Image.open(path) as pil_image:
+            width, height = pil_image.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        height, width = load_image(path).shape[:2]
+    return int(height), int(width)
+
+
+# Side used by `load_images_at_size` when the images differ in size: the
+# resolution the scene CNN's architecture was designed for (4 stride-2 blocks
+# leave a 6x6 map for its 3x3 layout pooling) and that trains in minutes on a
+# CPU.
+DEFAULT_STACK_SIZE = 96
+
+
+def load_images_at_size(paths: Sequence[str | os.PathLike], size: int | None = None, *,
+                        default_size: int = DEFAULT_STACK_SIZE) -> np.ndarray:
+    """Loads images of any sizes as one uint8 (N, S, S, 3) array.
+
+    Each file is read with `load_image` and its *whole* image is resized
+    (bilinear, antialiased by PIL when shrinking) to S×S; the aspect ratio is
+    not kept.  This is the geometry of the ten-crop scheme (`ten_crops`, the
+    paper's resize to 256×256) and of `extract_image_features` without ten
+    crops, which is how networks trained on these arrays are later applied to
+    the same files: training and feature extraction then see objects with the
+    same distortion, and nothing is cut off (a centre crop of the shorter
+    side would drop the edges of wide images, where captions often mention
+    things).  Boxes in original pixel coordinates map to the array by scaling
+    x by S/W and y by S/H.
+
+    An image that already is S×S is not resized: its pixels are exactly
+    those of `load_image`, so for equal-sized square images the result is
+    bit-identical to ``np.stack([load_image(p) for p in paths])``.
+
+    Args:
+      paths: image files.
+      size: the side S; None chooses it: the images' common side when they
+        are all square and of the same size (no image is resized), otherwise
+        `default_size`.  The choice is logged.
+      default_size: the side used by ``size=None`` for images of different
+        sizes or non-square images.
+
+    Returns:
+      uint8 array (N, S, S, 3), in the order of `paths`.
+
+    Raises:
+      DataFormatError: a file is missing or undecodable (named).
+      ConfigError: a non-positive size.
+    """
+    paths = list(paths)
+    if size is None:
+        if default_size < 1:
+            raise ConfigError(f"default_size must be positive, got {default_size}")
+        shapes = {image_file_shape(p) for p in paths}
+        if len(shapes) == 1 and len({*next(iter(shapes))}) == 1:
+            size = next(iter(shapes))[0]
+            logging.info("%d images, all %dx%d: stacked at their size", len(paths), size, size)
+        else:
+            size = default_size
+            heights = [h for h, _ in shapes]
+            widths = [w for _, w in shapes]
+            logging.info("%d images of %d shape(s) (heights %d..%d, widths %d..%d), not all square "
+                         "of one size: each resized to %dx%d (aspect ratio not kept; default_size)",
+                         len(paths), len(shapes), min(heights, default=0), max(heights, default=0),
+                         min(widths, default=0), max(widths, default=0), size, size)
+    size = int(size)
+    if size < 1:
+        raise ConfigError(f"image size must be positive, got {size}")
+    out = np.empty((len(paths), size, size, 3), dtype=np.uint8)
+    for index, path in enumerate(paths):
+        image = load_image(path)
+        out[index] = image if image.shape[:2] == (size, size) else resize(image, size, size)
+    return out
 
 
 def _check_image_array(image: np.ndarray) -> np.ndarray:

@@ -95,15 +95,17 @@ def _image_path(images_dir: pathlib.Path, image_id: str) -> pathlib.Path:
 
 def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
                     images_dir: pathlib.Path) -> dict[str, np.ndarray]:
-    from tf_twobranch.features.images import load_image
+    from tf_twobranch.features.images import load_images_at_size
     from tf_twobranch.features.image_features import extract_image_features
     paths = {s: [_image_path(images_dir, i) for i in c.image_ids] for s, c in splits.items()}
     if spec.image_backbone == "scene_cnn":
         from tf_twobranch.features.scene_cnn import entity_region_crops, train_scene_cnn
         train = splits["train"]
-        images = np.stack([load_image(p) for p in paths["train"]])
+        # Square images of one size (the embedded data) are used as they are;
+        # real images of mixed sizes are resized to 96x96 (load_images_at_size).
+        images = load_images_at_size(paths["train"])
         tokens = [[tokenize_caption(c) for c in caps] for caps in train.captions_by_image()]
-        regions = entity_region_crops(images_dir.parent, train.image_ids, images)
+        regions = entity_region_crops(images_dir.parent, train.image_ids, images, image_paths=paths["train"])
         if regions is None:
             backbone = train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed)
         else:
@@ -118,7 +120,8 @@ def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
                                        region_crops=crops, region_token_lists=phrase_tokens,
                                        binary_targets=True)
         size = images.shape[1]
-        # Ten crops of 7/8 of the image, as 224 of 256 in the paper.
+        # Ten crops of 7/8 of the image, as 224 of 256 in the paper; every
+        # file (any size) is resized to size x size first, as in training.
         kwargs = dict(crop_size=size * 7 // 8, resize_to=size) if spec.ten_crop else {}
     else:
         from tf_twobranch.features.backbones import build_backbone

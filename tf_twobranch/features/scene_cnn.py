@@ -172,7 +172,8 @@ def masked_region_image(image: np.ndarray, box: Sequence[float], size: int, *,
 
 
 def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[str],
-                        images: np.ndarray) -> tuple[np.ndarray, list[list[list[str]]]] | None:
+                        images: np.ndarray, *, image_paths: Sequence[str | os.PathLike] | None = None
+                        ) -> tuple[np.ndarray, list[list[list[str]]]] | None:
     """Crops of the entity boxes of `images` and the tokens of their phrases.
 
     Reads the Flickr30K-Entities files (``<entities_root>/Annotations`` and
@@ -182,6 +183,14 @@ def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[st
     size, with the tokenised phrases of all the sentences referring to it.
     Returns None when ``<entities_root>/Annotations`` does not exist or no
     phrase has a box.
+
+    The boxes are in the pixel coordinates of the image *files*.  When
+    `images` were resized (`tf_twobranch.features.images.load_images_at_size`
+    on files of other sizes), pass the files as `image_paths`: the crop of a
+    box is then taken from the original image (full resolution, the object's
+    aspect ratio kept) and resized to the images' size.  Rows whose file
+    already has the array's size are cropped from `images` directly (no
+    second decoding, the same pixels).
     """
     from tf_twobranch.data.phrases import build_phrase_examples
     from tf_twobranch.data.tokenize import tokenize_caption
@@ -193,6 +202,8 @@ def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[st
     if images.ndim != 4 or len(images) != len(image_ids):
         raise ConfigError(f"entity_region_crops needs one (S, S, 3) image per id: got {len(image_ids)} ids "
                           f"and images of shape {images.shape}")
+    if image_paths is not None and len(image_paths) != len(image_ids):
+        raise ConfigError(f"entity_region_crops got {len(image_paths)} image paths for {len(image_ids)} ids")
     row = {image_id: i for i, image_id in enumerate(image_ids)}
     phrases_by_box: dict[tuple, list[list[str]]] = {}
     for example in build_phrase_examples(entities_root, list(image_ids)):
@@ -201,7 +212,21 @@ def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[st
     if not phrases_by_box:
         return None
     size = images.shape[1]
-    crops = np.stack([square_region_crop(images[row[image_id]], box, size) for image_id, box in phrases_by_box])
+    originals: dict[str, np.ndarray] = {}
+
+    def source(image_id: str) -> np.ndarray:
+        """The image whose pixel coordinates the boxes use."""
+        if image_paths is None:
+            return images[row[image_id]]
+        if image_id not in originals:
+            from tf_twobranch.features.images import image_file_shape, load_image
+            path = image_paths[row[image_id]]
+            originals.clear()  # boxes come grouped by image: keep one decoded image
+            originals[image_id] = (images[row[image_id]] if image_file_shape(path) == images.shape[1:3]
+                                   else load_image(path))
+        return originals[image_id]
+
+    crops = np.stack([square_region_crop(source(image_id), box, size) for image_id, box in phrases_by_box])
     logging.info("scene_cnn region supervision: %d box crops of %d images from %s",
                  len(crops), len(image_ids), entities_root)
     return crops, list(phrases_by_box.values())
@@ -294,7 +319,9 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
     """Trains the scene CNN on caption words and returns its feature extractor.
 
     Args:
-      images: uint8 (N, S, S, 3) training images (square, all the same size).
+      images: uint8 (N, S, S, 3) training images (square, all the same size;
+        `tf_twobranch.features.images.load_images_at_size` brings files of
+        any sizes to this form).
       token_lists_per_image: for each image, its captions as token lists
         (training captions only: the features must not see test text).
       feature_dim: dimension of the returned features.
@@ -322,7 +349,8 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
     """
     images = np.asarray(images)
     if images.ndim != 4 or images.shape[3] != 3 or images.shape[1] != images.shape[2]:
-        raise ConfigError(f"train_scene_cnn expects square RGB images (N, S, S, 3), got {images.shape}")
+        raise ConfigError(f"train_scene_cnn expects square RGB images (N, S, S, 3), got {images.shape}; "
+                          "load image files of any sizes with tf_twobranch.features.images.load_images_at_size")
     if images.dtype != np.uint8:
         raise ConfigError(f"train_scene_cnn expects uint8 images, got {images.dtype}")
     if len(token_lists_per_image) != len(images):
