@@ -12,6 +12,7 @@ from tf_twobranch.data.formats.features import (load_feature_matrix, load_paired
                                                 save_feature_matrix)
 from tf_twobranch.data.formats.flickr30k_tokens import read_token_file, write_token_file
 from tf_twobranch.data.formats.karpathy_json import read_karpathy_json, write_karpathy_json
+from tf_twobranch.data.formats.precomp import read_precomp_corpus, read_precomp_split
 from tf_twobranch.data.formats.splits import read_split_file, write_split_file
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "load_feature_matrix", "load_paired_features", "save_feature_matrix",
     "read_token_file", "write_token_file",
     "read_karpathy_json", "write_karpathy_json",
+    "read_precomp_corpus", "read_precomp_split",
     "read_split_file", "write_split_file",
 ]
