@@ -47,6 +47,38 @@ def test_validate_strings():
         serving.validate_strings(tf.zeros([0], tf.string), "captions")
 
 
+@pytest.mark.parametrize("bad", [b"\xff", b"caf\xe9", b"a \xe2\x82", b"\xc0\xaf", b"\xed\xa0\x80",
+                                 b"\xf4\x90\x80\x80"],
+                         ids=["ff", "latin1", "truncated", "overlong", "surrogate", "above_10ffff"])
+def test_validate_strings_rejects_non_utf8_naming_the_index(bad):
+    with pytest.raises(UnicodeDecodeError):
+        bad.decode("utf-8")   # what the training readers reject
+    message = _says("captions must be UTF-8 text; got bytes that are not valid UTF-8 at index", "2")
+    with pytest.raises(IA, match=message):
+        serving.validate_strings(tf.constant([b"a dog", "ein Hund".encode(), bad]), "captions")
+
+    @tf.function(input_signature=[serving.string_batch_spec("phrases")])
+    def f(x):
+        return serving.validate_strings(x, "phrases")
+
+    with pytest.raises(IA, match=_says("phrases must be UTF-8 text; got bytes that are not valid UTF-8 "
+                                       "at index", "1")):
+        f(tf.constant([b"a dog", bad, b"\xff"]))
+
+
+def test_validate_strings_keeps_valid_unicode_unchanged():
+    texts = ["a dog", "ein Hund läuft", "犬が走る 😀", "replacement \ufffd kept", "nul\x00inside",
+             "\ufeffbom", "line\u2028sep"]
+    encoded = [t.encode("utf-8") for t in texts]
+
+    @tf.function(input_signature=[serving.string_batch_spec("captions")])
+    def f(x):
+        return serving.validate_strings(x, "captions")
+
+    assert serving.validate_strings(tf.constant(encoded), "captions").numpy().tolist() == encoded
+    assert f(tf.constant(encoded)).numpy().tolist() == encoded
+
+
 def test_validate_features_in_a_graph():
     @tf.function(input_signature=[serving.feature_batch_spec("image_features")])
     def f(x):
@@ -93,6 +125,90 @@ def test_decode_jpeg_batch_errors_name_input_and_index():
         serving.decode_jpeg_batch(tf.zeros([0], tf.string), 8, "image_jpeg")
     with pytest.raises(ConfigError, match="image size"):
         serving.decode_jpeg_batch(tf.constant([good]), 0, "image_jpeg")
+
+
+def _zero_size_jpeg(jpeg):
+    """Valid magic bytes and end marker, but a frame header (SOF0) of 0 x 0 pixels."""
+    at = jpeg.find(b"\xff\xc0")
+    return jpeg[:at + 5] + b"\x00\x00\x00\x00" + jpeg[at + 9:]
+
+
+@pytest.mark.parametrize("make_bad", [
+    lambda jpeg, png: jpeg[:len(jpeg) // 2],    # truncated JPEG
+    lambda jpeg, png: jpeg[:len(jpeg) - 2],     # only the end marker missing
+    lambda jpeg, png: jpeg[:200],               # truncated in the headers
+    lambda jpeg, png: jpeg[:4] + bytes(range(256)) * 4,   # garbage after the magic bytes
+    lambda jpeg, png: _zero_size_jpeg(jpeg),
+    lambda jpeg, png: png[:len(png) // 2],      # truncated PNG
+], ids=["truncated_jpeg", "no_eoi", "truncated_header", "garbage_jpeg", "zero_size_jpeg",
+        "truncated_png"])
+def test_decode_jpeg_batch_names_truncated_or_corrupt_element(make_bad):
+    jpeg, png = _encode(_image(0, 64, 80)), _encode(_image(1, 64, 80), "PNG")
+    bad = make_bad(jpeg, png)
+    batch = tf.constant([jpeg, png, jpeg, bad, jpeg])
+    message = ("(?s)" + re.escape("image_jpeg: cannot decode image; the JPEG/PNG data is truncated or corrupt")
+               + ".*" + _says("first bad element index:", "3"))
+    with pytest.raises(IA, match=message):
+        serving.decode_jpeg_batch(batch, 8, "image_jpeg")
+
+    @tf.function(input_signature=[serving.jpeg_batch_spec("image_jpeg")])
+    def f(x):
+        return serving.decode_jpeg_batch(x, 8, "image_jpeg")
+
+    with pytest.raises(IA, match=message):
+        f(batch)
+    with pytest.raises(IA, match="(?s)first bad element index:" + r"['\]\s\[]*0.*bad elements:"
+                       + r"['\]\s\[]*2.*of['\]\s\[]*2"):
+        f(tf.constant([bad, bad]))
+    # Bad magic bytes are still reported first, with their own message.
+    with pytest.raises(IA, match=_says("first bad element index:", "1") + ".*starts with"):
+        f(tf.constant([bad, b"GIF89a....", jpeg]))
+
+
+def test_decode_jpeg_batch_output_equals_per_image_decoding():
+    batch = [_encode(_image(i, 30 + 7 * i, 50 - 3 * i), "PNG" if i % 3 == 2 else "JPEG") for i in range(7)]
+
+    def reference(data):
+        if data[:3] == b"\xff\xd8\xff":
+            image = tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE")
+        else:
+            image = tf.io.decode_png(data, channels=3)
+        resized = tf.image.resize(tf.cast(image, tf.float32), [12, 16], method="bilinear", antialias=True)
+        return tf.clip_by_value(resized, 0.0, 255.0).numpy()
+
+    want = np.stack([reference(b) for b in batch])
+
+    @tf.function(input_signature=[serving.jpeg_batch_spec("image_jpeg")])
+    def f(x):
+        out = serving.decode_jpeg_batch(x, (12, 16), "image_jpeg")
+        assert out.shape.as_list() == [None, 12, 16, 3]
+        return out
+
+    np.testing.assert_array_equal(serving.decode_jpeg_batch(tf.constant(batch), (12, 16), "x").numpy(), want)
+    np.testing.assert_array_equal(f(tf.constant(batch)).numpy(), want)
+    np.testing.assert_array_equal(f(tf.constant(batch[3:4])).numpy(), want[3:4])
+
+
+def test_validators_survive_a_saved_model(tmp_path):
+    class Module(tf.Module):
+        @tf.function(input_signature=[serving.jpeg_batch_spec("image_jpeg"),
+                                      serving.string_batch_spec("captions")])
+        def serve(self, image_jpeg, captions):
+            pixels = serving.decode_jpeg_batch(image_jpeg, 8, "image_jpeg")
+            texts = serving.validate_strings(captions, "captions")
+            return {"mean": tf.reduce_mean(pixels, axis=[1, 2, 3]), "length": tf.strings.length(texts)}
+
+    module = Module()
+    tf.saved_model.save(module, str(tmp_path / "m"), signatures={"serving_default": module.serve})
+    serve = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+    jpeg = _encode(_image(0))
+    good = serve(image_jpeg=tf.constant([jpeg, jpeg]), captions=tf.constant(["a dog", "ein Hund"]))
+    np.testing.assert_allclose(good["mean"].numpy(), module.serve(tf.constant([jpeg, jpeg]),
+                                                                  tf.constant(["a", "b"]))["mean"].numpy())
+    with pytest.raises(IA, match="(?s)truncated or corrupt.*" + _says("first bad element index:", "1")):
+        serve(image_jpeg=tf.constant([jpeg, jpeg[:-40]]), captions=tf.constant(["a dog"]))
+    with pytest.raises(IA, match=_says("not valid UTF-8 at index", "0")):
+        serve(image_jpeg=tf.constant([jpeg]), captions=tf.constant([b"caf\xe9"]))
 
 
 def _fields(buffer):

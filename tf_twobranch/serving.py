@@ -131,11 +131,15 @@ def _rank_and_batch_checks(x, rank: int, name: str, expected: str):
 
 
 def validate_strings(strings, name: str) -> tf.Tensor:
-    """Checks a (batch,) string tensor: rank 1, batch >= 1, no empty / whitespace-only string.
+    """Checks a (batch,) string tensor: rank 1, batch >= 1, no empty / whitespace-only string,
+    valid UTF-8.
 
     Raises (when the graph runs) `tf.errors.InvalidArgumentError` whose
-    message names `name`, what was expected and, for an empty string, the
-    index of the first one.
+    message names `name`, what was expected and, for an empty string or
+    bytes that are not valid UTF-8, the index of the first one. UTF-8 is
+    checked as strictly as Python's ``bytes.decode("utf-8")`` (the training
+    readers): invalid, truncated or overlong sequences, encoded surrogates and
+    code points above U+10FFFF are rejected.
 
     Returns:
       `strings` as a (None,) tf.string tensor that depends on the checks.
@@ -149,6 +153,17 @@ def validate_strings(strings, name: str) -> tf.Tensor:
             tf.logical_not(tf.reduce_any(empty)),
             [f"{name} must be non-empty strings; got an empty or whitespace-only string at index",
              tf.argmax(tf.cast(empty, tf.int32))]))
+    with tf.control_dependencies(checks):
+        # Invalid UTF-8 is replaced by U+FFFD; valid strings (U+FFFD included)
+        # come back unchanged, so a difference marks a non-UTF-8 string.
+        # (errors="strict" would raise without naming the element.)
+        transcoded = tf.strings.unicode_transcode(flat, "UTF-8", "UTF-8", errors="replace",
+                                                  replacement_char=0xFFFD)
+        not_utf8 = tf.not_equal(transcoded, flat)
+        checks.append(tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(not_utf8)),
+            [f"{name} must be UTF-8 text; got bytes that are not valid UTF-8 at index",
+             tf.argmax(tf.cast(not_utf8, tf.int32))]))
     with tf.control_dependencies(checks):
         out = tf.identity(flat)
     out.set_shape([None])
@@ -202,9 +217,12 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
     PIL's, see `tf_twobranch.features.images.tf_decode_image`); grey images
     become RGB, alpha is dropped. Each image is resized (bilinear,
     antialiased, aspect ratio not kept) to `size` (an int or (height, width)),
-    the tower's input size. Bytes with valid magic but a corrupt body still
-    fail in the decoder with TensorFlow's "Invalid JPEG data" /
-    "Invalid PNG data" message.
+    the tower's input size. Bytes with valid magic bytes that the decoder
+    rejects (a truncated file, a corrupt body) raise an
+    `InvalidArgumentError` naming `name`, the index of the first such
+    element and how many there are, instead of the decoder's anonymous
+    "jpeg::Uncompress failed" (the decoder's own message may still be logged
+    to stderr).
     """
     height, width = _image_size(size)
     jpeg_bytes = tf.convert_to_tensor(jpeg_bytes, tf.string)
@@ -222,6 +240,7 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
                                                                            tf.argmax(tf.cast(bad, tf.int32)))]))
     with tf.control_dependencies(checks):
         flat = tf.identity(flat)
+    count = tf.shape(flat, out_type=tf.int64)[0]
 
     def decode_one(data):
         image = tf.cond(
@@ -233,7 +252,27 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
                                   antialias=True)
         return tf.clip_by_value(resized, 0.0, 255.0)
 
-    return tf.map_fn(decode_one, flat, fn_output_signature=tf.TensorSpec([height, width, 3], tf.float32))
+    # A decoder error cannot be caught in a graph, but tf.data can drop the
+    # elements that raise one (`ignore_errors`): the indices of the decoded
+    # elements tell which failed. The order is kept (deterministic map).
+    decoded = tf.data.Dataset.from_tensor_slices((tf.range(count), flat)).map(
+        lambda index, data: (index, decode_one(data)),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).ignore_errors().batch(2 ** 31 - 1)
+    # One batch of everything decoded; the empty batch when nothing was.
+    nothing = tf.data.Dataset.from_tensors((tf.zeros([0], tf.int64), tf.zeros([0, height, width, 3])))
+    indices, images = decoded.concatenate(nothing).take(1).get_single_element()
+    # The decoded indices ascend, so the first failure is where they leave 0, 1, 2, ...
+    first_bad = tf.reduce_sum(tf.cast(tf.equal(indices, tf.range(tf.size(indices, out_type=tf.int64))),
+                                      tf.int64))
+    decode_check = tf.debugging.Assert(
+        tf.equal(tf.size(indices, out_type=tf.int64), count),
+        [f"{name}: cannot decode image; the JPEG/PNG data is truncated or corrupt (its magic bytes are "
+         "fine); first bad element index:", first_bad, "bad elements:",
+         count - tf.size(indices, out_type=tf.int64), "of", count])
+    with tf.control_dependencies([decode_check]):
+        images = tf.identity(images)
+    images.set_shape([None, height, width, 3])
+    return images
 
 
 # --------------------------------------------------------------------------
