@@ -41,7 +41,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     d = dict(flag_values=fv)
     # Data.
     flags.DEFINE_string("dataset_dir", "", "Dataset folder; empty: the embedded dataset.", **d)
-    flags.DEFINE_enum("caption_format", "auto", ["auto", "karpathy", "token", "coco"],
+    flags.DEFINE_enum("caption_format", "auto", ["auto", "karpathy", "token", "coco", "precomp"],
                       "Caption file layout of --dataset_dir.", **d)
     flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images).", **d)
     flags.DEFINE_string("features_cache", "", "Where computed features are cached "
@@ -111,30 +111,64 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def load_data(f):
-    """Caption splits and model inputs (features or token ids) for train/test."""
+    """Caption splits and model inputs (features or token ids) for train/test.
+
+    A vsepp/SCAN precomp folder ({split}_caps.txt + {split}_ims.npy) supplies
+    the image features (regions averaged); the text features are computed
+    from its captions with --text_encoder, unless --text_features_{train,test}
+    are given. --image_features_{train,test} override the precomp images.
+    """
     from tf_twobranch.data.embedded import load_embedded_dataset
     from tf_twobranch.data.formats import load_feature_matrix
-    from tf_twobranch.data.retrieval_data import load_caption_splits
+    from tf_twobranch.data.retrieval_data import (detect_caption_format, load_caption_splits,
+                                                  load_precomp_splits, precomp_split_names)
     from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features
     dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
-    splits = load_caption_splits(dataset_dir, caption_format=f.caption_format)
-    splits = {s: splits[s] for s in ("train", "test")}
-    given = [f[f"{kind}_features_{s}"].value for kind in ("image", "text") for s in ("train", "test")]
+    precomp = detect_caption_format(dataset_dir, f.caption_format) == "precomp"
+    given = {kind: [f[f"{kind}_features_{s}"].value for s in ("train", "test")]
+             for kind in ("image", "text")}
     extras = {}
-    if any(given):
-        if not all(given):
+    spec = FeatureSpec(image_backbone=f.image_backbone,
+                       backbone_weights=f.backbone_weights or None, ten_crop=f.ten_crop,
+                       text_encoder=f.text_encoder, word_vectors=f.word_vectors or None,
+                       word_dim=f.word_dim, pca_dim=f.pca_dim,
+                       scene_cnn_epochs=f.scene_cnn_epochs, seed=f.seed)
+    if precomp:
+        for kind, paths in given.items():
+            if any(paths) and not all(paths):
+                raise common.UserInputError(f"give both --{kind}_features_train and "
+                                            f"--{kind}_features_test, or neither")
+        if all(given["image"]):
+            splits = load_caption_splits(dataset_dir, caption_format="precomp")
+            splits = {s: splits[s] for s in ("train", "test")}
+        else:
+            splits, image = load_precomp_splits(dataset_dir, ("train", "test"))
+            logging.info("precomp layout: image features from %s/{train,%s}_ims.npy "
+                         "(regions averaged); --image_backbone is not used", dataset_dir,
+                         precomp_split_names(dataset_dir)["test"])
+    else:
+        splits = load_caption_splits(dataset_dir, caption_format=f.caption_format)
+        splits = {s: splits[s] for s in ("train", "test")}
+        flat = given["image"] + given["text"]
+        if any(flat) and not all(flat):
             raise common.UserInputError("give all four of --image_features_{train,test} and "
                                         "--text_features_{train,test}, or none")
+    if all(given["image"]):
         image = {s: load_feature_matrix(f[f"image_features_{s}"].value,
                                         expected_rows=splits[s].num_images) for s in splits}
+    if all(given["text"]):
         text = {s: load_feature_matrix(f[f"text_features_{s}"].value,
                                        expected_rows=splits[s].num_captions) for s in splits}
+    elif precomp:
+        # The precomp layout ships no sentence features: encode its captions
+        # (the encoder is fitted on the training captions only).
+        from tf_twobranch.features.prepare import _text_features
+        spec.validate()
+        start = time.time()
+        text, extras = _text_features(spec, splits)
+        logging.info("text features (%s) of the precomp captions computed in %.1f s",
+                     f.text_encoder, time.time() - start)
     else:
-        spec = FeatureSpec(image_backbone=f.image_backbone,
-                           backbone_weights=f.backbone_weights or None, ten_crop=f.ten_crop,
-                           text_encoder=f.text_encoder, word_vectors=f.word_vectors or None,
-                           word_dim=f.word_dim, pca_dim=f.pca_dim,
-                           scene_cnn_epochs=f.scene_cnn_epochs, seed=f.seed)
         images_dir = pathlib.Path(f.images_dir) if f.images_dir else dataset_dir / "images"
         cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
         image, text, extras = prepare_retrieval_features(splits, images_dir, cache, spec)
@@ -173,6 +207,7 @@ def run_cca(f, splits, image, text) -> dict:
 def run(f) -> dict:
     """Runs one table row; returns the results record (also written as JSON)."""
     from tf_twobranch import distribute
+    from tf_twobranch.evaluation import retrieval
     from tf_twobranch.sampling import image_sentence as sampling
     from tf_twobranch.training import trainer
 
@@ -187,7 +222,9 @@ def run(f) -> dict:
     record = {"row": row_name, "dataset_dir": str(dataset_dir), "flags": f.flag_values_dict(),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
               "num_train_images": train.num_images, "num_test_images": test.num_images,
-              "num_test_captions": test.num_captions}
+              "num_test_captions": test.num_captions,
+              "random_baseline": retrieval.random_baseline_metrics(
+                  test.num_images, test.caption_image, protocol=f.protocol, seed=f.seed)}
     if f.model == "cca":
         record["metrics"] = run_cca(f, splits, image, text)
     else:
@@ -251,7 +288,8 @@ def _main() -> None:
     print(common.format_retrieval_table(
         f"Image-sentence retrieval ({record['num_test_images']} test images, "
         f"{record['num_test_captions']} sentences); paper numbers: {record['paper_dataset']}",
-        [{"name": record["row"], "metrics": record["metrics"], "paper": record["paper"]}]))
+        [{"name": record["row"], "metrics": record["metrics"], "paper": record["paper"]},
+         {"name": "chance (random embeddings)", "metrics": record["random_baseline"]}]))
     if "sentence_retrieval" in record:
         s = record["sentence_retrieval"]
         print(f"sentence-to-sentence R@1/5/10: {s['s2s_r1']:.1f} / {s['s2s_r5']:.1f} / "
