@@ -23,6 +23,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
+from tf_twobranch.cli import absl_main
 
 # The embedded scenes are 96-pixel JPEGs with a ~130-word vocabulary and
 # ambiguous captions. The profile keeps the paper's structure (pretrained
@@ -154,11 +155,26 @@ def _stages(values) -> list[int]:
     return stages
 
 
+def check_dataset_dir(f) -> None:
+    """A missing --dataset_dir is the first error reported, before word vectors or weights."""
+    if not f.dataset_dir:
+        return
+    path = pathlib.Path(f.dataset_dir)
+    if f.dataset_kind == "pedes":
+        # CUHK-PEDES: the folder of reid_raw.json, or the json file itself.
+        if not path.exists():
+            raise common.UserInputError(f"--dataset_dir={path}: dataset folder does not exist")
+    elif not path.is_dir():
+        what = "is not a folder" if path.exists() else "dataset folder does not exist"
+        raise common.UserInputError(f"--dataset_dir={path}: {what}")
+
+
 def load_data(f, run_dir: pathlib.Path):
     """Train and evaluation splits (DualPathData) and the word vectors used."""
     from tf_twobranch.sampling import dual_path as dp
     from tf_twobranch.data.tokenize import tokenize_caption
 
+    check_dataset_dir(f)
     kind = f.dataset_kind
     if kind == "pedes":
         from tf_twobranch.data.embedded_pedes import ANNOTATION_NAME, load_embedded_pedes
@@ -232,7 +248,7 @@ def pretrained_scene_cnn(f, train) -> str:
     it and Stage II fine-tunes it.
     """
     from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.features.images import load_image
+    from tf_twobranch.features.images import load_images_at_size
     from tf_twobranch.features.scene_cnn import save_scene_cnn, train_scene_cnn
 
     from tf_twobranch.data.embedded import load_embedded_dataset
@@ -241,7 +257,10 @@ def pretrained_scene_cnn(f, train) -> str:
     path = load_embedded_dataset() / "features" / key / "scene_cnn.keras"
     if path.exists():
         return str(path)
-    images = np.stack([load_image(p) for p in train.image_paths])
+    # Square images of one size (the embedded data, 96x96) are used as they
+    # are; images of mixed sizes are resized to --image_size, the input side
+    # the dual path model will build the backbone with.
+    images = load_images_at_size(train.image_paths, default_size=f.image_size)
     tokens = [[] for _ in range(train.num_images)]
     for caption, image in zip(train.captions, train.caption_image):
         tokens[image].append(tokenize_caption(caption))
@@ -357,7 +376,22 @@ def evaluate(f, model, evaluation, out_dir: pathlib.Path, title: str) -> dict:
     metrics["mean_positive_similarity"] = float(positives.mean())
     metrics["mean_negative_similarity"] = float(negatives.mean())
     logging.info("%s: %s (histogram %s)", title, {k: round(v, 3) for k, v in metrics.items()}, png)
+    metrics["random_baseline"] = _random_baseline(f, evaluation)
     return metrics
+
+
+def _random_baseline(f, evaluation) -> dict:
+    """Random embeddings ranked by the same core and protocol: the chance level."""
+    from tf_twobranch.evaluation import retrieval
+    if f.dataset_kind != "pedes":
+        return retrieval.random_baseline_metrics(evaluation.num_images, evaluation.caption_image,
+                                                 protocol=f.protocol, seed=f.seed)
+    rng = np.random.default_rng(f.seed)
+    images = rng.normal(size=(evaluation.num_images, 64)).astype(np.float32)
+    texts = rng.normal(size=(evaluation.num_captions, 64)).astype(np.float32)
+    ranks = retrieval.group_ranks(texts, images, evaluation.image_class[evaluation.caption_image],
+                                  evaluation.image_class)
+    return retrieval.metrics_from_ranks(ranks, prefix="t2i_")
 
 
 def run(f) -> dict:
@@ -369,6 +403,7 @@ def run(f) -> dict:
     from tf_twobranch.training import trainer
 
     start = time.time()
+    check_dataset_dir(f)
     profile = PEDES_EMBEDDED_PROFILE if f.dataset_kind == "pedes" else EMBEDDED_PROFILE
     applied = common.apply_embedded_profile(f, profile)
     if not f.dataset_dir and not f.image_weights and f.image_backbone != "scene_cnn":
@@ -472,10 +507,17 @@ def format_record(record: dict) -> str:
                          f"{m['t2i_medr']:5.0f} | {m['separability_S']:.3f}")
         if record["paper"]:
             lines.append(f"{'paper':40} | " + "  ".join(f"{v:5.1f}" for v in record["paper"]))
+        if record["stages"]:
+            c = record["stages"][-1]["metrics"]["random_baseline"]
+            lines.append(f"{'chance (random embeddings)':40} | {c['t2i_r1']:5.1f}  {c['t2i_r5']:5.1f}  "
+                         f"{c['t2i_r10']:5.1f}  {c['t2i_medr']:5.0f} |")
         return "\n".join(lines)
     rows = [{"name": f"{record['row']} - Stage {st['stage']}", "metrics": st["metrics"],
              "paper": record["paper"] if i == len(record["stages"]) - 1 else None}
             for i, st in enumerate(record["stages"])]
+    if record["stages"]:
+        rows.append({"name": "chance (random embeddings)",
+                     "metrics": record["stages"][-1]["metrics"]["random_baseline"]})
     table = common.format_retrieval_table(
         f"Dual-path CNN ({record['num_eval_images']} images, {record['num_eval_captions']} "
         f"captions); paper numbers: {record['paper_dataset']}", rows)
@@ -484,16 +526,14 @@ def format_record(record: dict) -> str:
     return f"{table}\nseparability (eq. 10): {s_values}"
 
 
-def main(argv):
-    del argv
-    f = flags.FLAGS
-    try:
-        record = run(f)
-    except common.UserInputError as e:
-        common.exit_with_user_error(e)
+def _main() -> None:
+    record = run(flags.FLAGS)
     print(format_record(record))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")
+
+
+main = absl_main(_main)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from absl import flags
 
 from experiments import common
 from experiments import instance_loss as exp
+from tests.baselines import random_retrieval_rsum
 
 CONFIGS = sorted(common.CONFIG_DIR.glob("zheng_*.cfg"))
 TINY = ["--max_train_images=32", "--max_test_images=12", "--stage1_epochs=1",
@@ -61,6 +62,38 @@ def test_word2vec_init_on_user_data_needs_a_local_file(tmp_path):
         exp.load_data(f, tmp_path / "run")
 
 
+@pytest.mark.parametrize("kind", ["retrieval", "pedes"])
+def test_missing_dataset_dir_is_reported_before_word_vectors_and_weights(tmp_path, kind):
+    missing = tmp_path / "no_such_dataset"
+    for extra in ([], ["--word_vectors=/also/missing.bin", "--image_weights=/missing.h5"]):
+        f = _flags(f"--dataset_dir={missing}", f"--dataset_kind={kind}", *extra)
+        with pytest.raises(common.UserInputError, match=f"--dataset_dir={missing}: dataset folder does not exist"):
+            exp.run(f)
+        with pytest.raises(common.UserInputError, match="dataset folder does not exist"):
+            exp.load_data(f, tmp_path / "run")
+    a_file = tmp_path / "reid_raw.json"
+    a_file.write_text("[]")
+    if kind == "retrieval":
+        with pytest.raises(common.UserInputError, match="is not a folder"):
+            exp.check_dataset_dir(_flags(f"--dataset_dir={a_file}"))
+    else:   # CUHK-PEDES takes the folder of reid_raw.json or the file itself
+        exp.check_dataset_dir(_flags(f"--dataset_dir={a_file}", "--dataset_kind=pedes"))
+
+
+def test_missing_dataset_dir_command_line_error():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.instance_loss", "--dataset_dir=/nonexistent",
+         "--word_vectors=/also/missing.bin"],
+        cwd=common.REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "error: --dataset_dir=/nonexistent: dataset folder does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "word2vec" not in result.stderr and "missing.bin" not in result.stderr
+
+
 @pytest.mark.slow
 def test_class_count_not_matching_the_data_is_a_clear_error(tmp_path):
     f = _flags(*TINY, "--num_classes=7", f"--run_dir={tmp_path}")
@@ -83,6 +116,14 @@ def test_tiny_two_stage_run_evaluates_plots_and_exports(tmp_path):
     for stage in record["stages"]:
         m = stage["metrics"]
         assert 0 <= m["i2t_r1"] <= 100 and 0 <= m["separability_S"] <= 1
+        print(f"stage {stage['stage']}: rsum {m['rsum']:.1f}, random {m['random_baseline']['rsum']:.1f}")
+    # The trained model beats random embeddings on the same evaluation split.
+    last = record["stages"][-1]["metrics"]
+    assert last["random_baseline"]["rsum"] < last["rsum"]
+    assert last["rsum"] > random_retrieval_rsum(record["num_eval_images"],
+                                                np.repeat(np.arange(record["num_eval_images"]),
+                                                          record["num_eval_captions"] // record["num_eval_images"]))
+    for stage in record["stages"]:
         assert (pathlib.Path(stage["run_dir"]) / "similarity_histogram.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["stages"][1]["lambdas"] == [1.0, 1.0, 1.0]
