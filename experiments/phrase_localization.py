@@ -64,6 +64,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                         "generated with the built-in generator when absent).", **d)
     flags.DEFINE_integer("max_proposals", 200, "Proposals ranked per image (the paper: 200 EdgeBoxes).",
                          lower_bound=1, **d)
+    flags.DEFINE_bool("clip_proposals", False, "Clip proposals that stick out of their image (for "
+                      "crops and IoU alike, count logged); default: such a file is refused as being "
+                      "at the wrong scale.", **d)
     flags.DEFINE_integer("max_train_images", 0, "Use only the first N training images (0 = all).",
                          lower_bound=0, **d)
     flags.DEFINE_integer("max_test_images", 0, "Use only the first N test images (0 = all).",
@@ -132,7 +135,8 @@ def feature_spec(f):
                              scene_cnn_epochs=f.scene_cnn_epochs, proposals=f.proposals or None,
                              max_proposals=f.max_proposals, text_encoder=f.text_encoder,
                              word_vectors=f.word_vectors or None, word_dim=f.word_dim, pca_dim=f.pca_dim,
-                             max_images=max_images or None, seed=f.seed)
+                             max_images=max_images or None, clip_proposals=f.clip_proposals,
+                             seed=f.seed)
 
 
 def load_data(f):
@@ -287,7 +291,8 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
 
 def run(f) -> dict:
     """Runs one Table 1 row; returns the results record (also written as JSON)."""
-    from tf_twobranch.evaluation.phrase_localization import evaluate_phrase_localization
+    from tf_twobranch.evaluation.phrase_localization import (evaluate_phrase_localization,
+                                                             random_localization_metrics)
     start = time.time()
     profile = apply_embedded_profile(f)
     if profile:
@@ -301,7 +306,8 @@ def run(f) -> dict:
               "paper": common.paper_numbers(f.paper_results), "marks": table_marks(f),
               "num_train_phrases": train.num_phrases, "num_test_phrases": test.num_phrases,
               "num_test_images": len(test.image_ids),
-              "proposals_per_image": float(np.mean(test.num_proposals))}
+              "proposals_per_image": float(np.mean(test.num_proposals)),
+              "random_baseline": random_localization_metrics(test, seed=f.seed)}
     if f.model == "cca":
         from tf_twobranch.baselines.cca import CCABaseline
         regions, rows = _positive_pairs(train)
@@ -361,6 +367,12 @@ def format_per_type(metrics: dict) -> str:
     return "\n".join(lines)
 
 
+def format_chance(record: dict) -> str:
+    m = record["random_baseline"]
+    return (f"chance (random proposal scores): R@1 {m['r1']:.2f}  R@5 {m['r5']:.2f}  "
+            f"R@10 {m['r10']:.2f}  (upper bound {m['upper_bound']:.2f})")
+
+
 def _table_row(record: dict) -> dict:
     return {"name": record["row"], "metrics": record["metrics"], "paper": record["paper"],
             "marks": record["marks"]}
@@ -388,6 +400,7 @@ def run_rows(configs, overrides=(), export_row: str = "b5", out_json=None) -> li
         f"Table 1-style phrase localization on {first['dataset_dir']} ({first['num_test_phrases']} test "
         f"phrases, {first['proposals_per_image']:.0f} proposals per image); paper numbers: Flickr30K Entities",
         [_table_row(r) for r in records]))
+    print(format_chance(first))
     out = out_json or common.REPO_ROOT / "runs" / "table1.json"
     common.write_json(out, {"rows": records, "seconds": time.time() - start})
     print(f"results: {out} ({time.time() - start:.0f} s)")
@@ -406,6 +419,7 @@ def _main() -> None:
     print(format_localization_table(
         f"Phrase localization ({record['num_test_phrases']} test phrases); paper numbers: Flickr30K Entities",
         [_table_row(record)]))
+    print(format_chance(record))
     print(format_per_type(record["metrics"]))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")

@@ -67,8 +67,10 @@ def _main() -> None:
     title = (f"Table {FLAGS.table}-style bi-directional retrieval on {first['dataset_dir']} "
              f"({first['num_test_images']} test images, {first['num_test_captions']} sentences); "
              f"'(paper)' rows: {first['paper_dataset']}")
+    chance = {"name": "chance (random embeddings, same protocol)",
+              "metrics": first["random_baseline"]}
     print()
-    print(common.format_retrieval_table(title, rows))
+    print(common.format_retrieval_table(title, rows + [chance]))
     s2s = [(r["row"], r["sentence_retrieval"]) for r in records if "sentence_retrieval" in r]
     if s2s:
         print("\nSentence-to-sentence retrieval (Table 4 protocol):")

@@ -8,8 +8,8 @@ from experiments import common
 from experiments import phrase_localization as pl
 from tf_twobranch.data.embedded import generate_embedded_dataset
 
-TINY = ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=1", "--constraint_epochs=1",
-        "--top_k=3", "--scene_cnn_epochs=1", "--word_dim=8", "--verbose=0", "--cca_components=8",
+TINY = ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=6", "--constraint_epochs=1",
+        "--top_k=3", "--scene_cnn_epochs=1", "--word_dim=8", "--verbose=0", "--cca_components=32",
         "--negatives_per_phrase=5"]
 
 
@@ -59,6 +59,7 @@ def _check_metrics(m):
 def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     record = _run(cfg, tiny_dataset, tmp_path / "run")
     _check_metrics(record["metrics"])
+    _beats_random_scores(record)
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["metrics"]["r1"] == record["metrics"]["r1"]
     assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
@@ -70,9 +71,21 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     assert "R@1" in table and "paper R@1" in table
 
 
+def _beats_random_scores(record):
+    """The trained model beats random proposal scores on the same phrases by 2 standard errors."""
+    chance = record["random_baseline"]
+    assert 0 < chance["r1"] < chance["upper_bound"]
+    p, n = chance["r1"] / 100.0, chance["num_phrases"]
+    bar = chance["r1"] + 200.0 * (p * (1 - p) / n) ** 0.5
+    print(record["row"], "R@1", record["metrics"]["r1"], "random", chance["r1"], "bar", bar)
+    assert record["metrics"]["r1"] > bar
+    assert record["metrics"]["r5"] > chance["r5"]
+
+
 def test_cca_row_runs(tiny_dataset, tmp_path):
     record = _run("table1_a_cca", tiny_dataset, tmp_path / "run")
     _check_metrics(record["metrics"])
+    _beats_random_scores(record)
 
 
 @pytest.mark.slow

@@ -186,6 +186,14 @@ def evaluate_phrase_localization(model, data, *, ks: Sequence[int] = DEFAULT_KS,
                                       phrase_types=data.phrase_types())
 
 
+def random_localization_metrics(data, *, ks: Sequence[int] = DEFAULT_KS, seed: int = 0,
+                                iou_threshold: float = IOU_THRESHOLD) -> dict:
+    """What random proposal scores get on ``data``: the chance level a model must beat."""
+    iou, valid = data.phrase_proposal_iou()
+    scores = np.random.default_rng(seed).uniform(size=iou.shape)
+    return phrase_localization_recall(scores, iou, valid, ks=ks, iou_threshold=iou_threshold)
+
+
 def _group_by(groups: np.ndarray, num_groups: int) -> list[np.ndarray]:
     order = np.argsort(groups, kind="stable")
     bounds = np.searchsorted(groups[order], np.arange(num_groups + 1))

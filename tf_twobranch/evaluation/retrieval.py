@@ -391,3 +391,19 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
                                               caption_image[sel] - lo, ks=ks,
                                               chunk_size=chunk_size))
     return {key: float(np.mean([m[key] for m in fold_metrics])) for key in fold_metrics[0]}
+
+
+def random_baseline_metrics(num_images: int, caption_image, *, protocol: str = "full",
+                            dim: int = 64, seed: int = 0, ks=DEFAULT_KS) -> dict:
+    """What random embeddings score on a test split: the chance level a model must beat.
+
+    Random unit vectors (`dim`-d, seeded) for the images and captions, ranked
+    by the same core and protocol as a trained model.
+    """
+    rng = np.random.default_rng(seed)
+    caption_image = np.asarray(caption_image)
+    images = rng.normal(size=(num_images, dim)).astype(np.float32)
+    texts = rng.normal(size=(len(caption_image), dim)).astype(np.float32)
+    images /= np.linalg.norm(images, axis=1, keepdims=True)
+    texts /= np.linalg.norm(texts, axis=1, keepdims=True)
+    return evaluate_protocol(images, texts, caption_image, protocol, ks=ks)
