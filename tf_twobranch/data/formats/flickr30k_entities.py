@@ -185,6 +185,18 @@ def parse_sentence_line(line: str, *, path="<string>", line_number: int | None =
     return EntitySentence(" ".join(words), words, phrases, line=line_number)
 
 
+def _not_utf8_error(path) -> DataFormatError:
+    """The error for a file that is not UTF-8, naming the line of the first bad byte."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        return DataFormatError(path, f"not UTF-8 text (byte {error.start}: {error.reason})", line=line)
+    return DataFormatError(path, "not UTF-8 text")
+
+
 def read_sentence_file(path) -> list[EntitySentence]:
     """Reads ``Sentences/<image id>.txt`` into one EntitySentence per non-empty line."""
     try:
@@ -192,8 +204,8 @@ def read_sentence_file(path) -> list[EntitySentence]:
             content = handle.read()
     except FileNotFoundError:
         raise DataFormatError(path, "sentence file not found (expected Sentences/<image id>.txt)") from None
-    except UnicodeDecodeError as error:
-        raise DataFormatError(path, f"not UTF-8 text: {error}") from None
+    except UnicodeDecodeError:
+        raise _not_utf8_error(path) from None
     sentences = []
     for line_number, line in enumerate(content.split("\n"), start=1):
         if not line:
@@ -383,6 +395,8 @@ def read_split_ids(path) -> list[str]:
             lines = handle.read().split("\n")
     except FileNotFoundError:
         raise DataFormatError(path, "split file not found (expected one image id per line)") from None
+    except UnicodeDecodeError:
+        raise _not_utf8_error(path) from None
     ids = []
     for line_number, line in enumerate(lines, start=1):
         token = line.strip()
