@@ -32,7 +32,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import common
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 
 DEFAULT_IMAGE_SENTENCE_CFG = "table2_b6_nonlinear_bidir_nbr_constraints"
 DEFAULT_REGION_PHRASE_CFG = "table1_b5_nonlinear_augm_pos_bidir_nbr_sampling"
@@ -241,4 +241,4 @@ main = absl_main(_main)
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

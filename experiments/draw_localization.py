@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 from absl import app, flags, logging
 
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
 FLAGS = flags.FLAGS
@@ -298,4 +298,4 @@ main = absl_main(_main)
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

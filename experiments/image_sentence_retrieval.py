@@ -17,7 +17,7 @@ import time
 from absl import app, flags, logging
 
 from experiments import common
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 
 MODELS = ("embedding", "similarity", "cca")
 
@@ -123,7 +123,7 @@ def load_data(f):
     from tf_twobranch.data.retrieval_data import (detect_caption_format, load_caption_splits,
                                                   load_precomp_splits, precomp_split_names)
     from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features
-    dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
+    dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset(with_proposals=False)
     precomp = detect_caption_format(dataset_dir, f.caption_format) == "precomp"
     given = {kind: [f[f"{kind}_features_{s}"].value for s in ("train", "test")]
              for kind in ("image", "text")}
@@ -303,4 +303,4 @@ main = absl_main(_main)
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -23,7 +23,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 
 # The embedded scenes are 96-pixel JPEGs with a ~130-word vocabulary and
 # ambiguous captions. The profile keeps the paper's structure (pretrained
@@ -188,7 +188,7 @@ def load_data(f, run_dir: pathlib.Path):
                 max_images=_limit(f, name))
     else:
         from tf_twobranch.data.embedded import load_embedded_dataset
-        source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
+        source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset(with_proposals=False)
 
         def split(name, vocabulary=None, word_vectors=None):
             return dp.dual_path_data_from_retrieval(
@@ -254,7 +254,7 @@ def pretrained_scene_cnn(f, train) -> str:
     from tf_twobranch.data.embedded import load_embedded_dataset
 
     key = f"dual_path_scene_cnn_{f.dataset_kind}_seed{f.seed}_{train.num_images}"
-    path = load_embedded_dataset() / "features" / key / "scene_cnn.keras"
+    path = load_embedded_dataset(with_proposals=False) / "features" / key / "scene_cnn.keras"
     if path.exists():
         return str(path)
     # Square images of one size (the embedded data, 96x96) are used as they
@@ -538,4 +538,4 @@ main = absl_main(_main)
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

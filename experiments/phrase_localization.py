@@ -30,7 +30,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 
 MODELS = ("embedding", "similarity", "cca")
 SIMILARITY_HEADS = {1: (), 2: (512,), 3: (512, 256)}   # FC layers after the element-wise product
@@ -432,4 +432,4 @@ if __name__ == "__main__":
     define_flags()
     flags.DEFINE_list("rows", [], "Run these Table 1 flagfiles (names in experiments/configs or paths; "
                       "'all' = every table1_*.cfg) and print the whole table; other flags go to every row.")
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -18,7 +18,7 @@ from absl import app, flags
 
 from experiments import common
 from experiments import image_sentence_retrieval as isr
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 
 flags.DEFINE_enum("table", "2", ["2", "3"], "2: Flickr30K rows; 3: MSCOCO 1K rows.")
 flags.DEFINE_list("rows", [], "Row flagfiles (names in experiments/configs or paths), or "
@@ -95,4 +95,4 @@ def _absl_argv(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     # Row flags are parsed per row (see _row_overrides); absl sees only its own.
-    app.run(main, argv=_absl_argv(sys.argv))
+    app.run(main, argv=_absl_argv(sys.argv), flags_parser=parse_flags)

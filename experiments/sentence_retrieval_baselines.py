@@ -24,7 +24,7 @@ import os
 import pathlib
 import time
 
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 from absl import app, flags
 
 from tf_twobranch.errors import ConfigError, UserInputError
@@ -162,4 +162,4 @@ main = absl_main(run)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

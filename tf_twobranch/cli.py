@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from typing import Callable, NoReturn
 
+from absl import flags
+
 from tf_twobranch.errors import UserInputError
 
 
@@ -23,3 +25,17 @@ def absl_main(run: Callable[[], object]) -> Callable[[list], None]:
         except UserInputError as err:
             exit_with_user_error(err)
     return main
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """`absl.app.run`'s flags_parser: a bad flag is one `error:` line and exit status 2.
+
+    absl's own parser prints a FATAL line and exits 1; a flag read from a
+    flagfile is reported with the flagfile's name.
+    """
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as err:
+        flagfiles = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--flagfile=")]
+        where = f" (flags read from {', '.join(flagfiles)})" if flagfiles else ""
+        exit_with_user_error(f"{err}{where}")
