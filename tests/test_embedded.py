@@ -304,3 +304,30 @@ def test_grammar_phrases_match_words():
                 assert tuple(span) == phrase.words
             assert " an one " not in f" {caption.text.lower()} " and " a eight " not in f" {caption.text.lower()} "
             assert " a orange " not in f" {caption.text.lower()} "
+
+
+def test_proposals_are_added_to_a_dataset_generated_without_them(tmp_path):
+    import h5py
+
+    from tf_twobranch.data import embedded
+    out = tmp_path / "scenes"
+    embedded.generate_embedded_dataset(out, num_images=12, splits=(6, 2, 4), with_proposals=False,
+                                       num_proposals=10)
+    assert not (out / "proposals.h5").exists()
+    images_before = (out / "images").stat().st_mtime_ns
+    # Asking for proposals adds them in place (nothing else is regenerated).
+    embedded.generate_embedded_dataset(out, num_images=12, splits=(6, 2, 4), num_proposals=10)
+    assert embedded.last_generation_timings.keys() == {"proposals"}
+    assert (out / "images").stat().st_mtime_ns == images_before
+    with h5py.File(out / "proposals.h5", "r") as handle:
+        assert len([k for k in handle if not k.endswith("_scores")]) == 12
+    # A dataset with proposals serves a request without them as it is.
+    embedded.generate_embedded_dataset(out, num_images=12, splits=(6, 2, 4), with_proposals=False)
+    assert embedded.last_generation_timings == {}
+    # The proposals equal those of a dataset generated with them from the start.
+    fresh = tmp_path / "fresh"
+    embedded.generate_embedded_dataset(fresh, num_images=12, splits=(6, 2, 4), num_proposals=10)
+    with h5py.File(out / "proposals.h5", "r") as a, h5py.File(fresh / "proposals.h5", "r") as b:
+        assert sorted(a) == sorted(b)
+        for key in a:
+            np.testing.assert_array_equal(a[key][()], b[key][()])

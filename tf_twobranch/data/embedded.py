@@ -191,8 +191,34 @@ def _read_manifest(directory: pathlib.Path) -> dict | None:
 
 
 def _manifest_matches(manifest: dict | None, parameters: dict) -> bool:
-    return (manifest is not None and manifest.get("format_version") == FORMAT_VERSION
-            and manifest.get("parameters") == parameters)
+    """The folder holds what `parameters` ask for (proposals, when not asked for, may be there)."""
+    if manifest is None or manifest.get("format_version") != FORMAT_VERSION:
+        return False
+    found = manifest.get("parameters") or {}
+    if parameters["with_proposals"]:
+        return found == parameters
+    return _without_proposals(found) == parameters
+
+
+def _without_proposals(parameters: dict) -> dict:
+    return {**parameters, "with_proposals": False, "num_proposals": None}
+
+
+def _add_proposals(out_dir: pathlib.Path, manifest: dict, parameters: dict) -> dict:
+    """Writes proposals.h5 into a complete dataset generated without them (atomic)."""
+    from tf_twobranch.data.proposal_generator import generate_proposals_for_images
+
+    started = time.perf_counter()
+    image_ids = _image_ids(parameters["num_images"], parameters["seed"])
+    tmp = out_dir / f".tmp_{os.getpid()}_{PROPOSALS_FILE_NAME}"
+    generate_proposals_for_images([str(out_dir / "images" / f"{i}.jpg") for i in image_ids], str(tmp),
+                                  num_proposals=parameters["num_proposals"], seed=parameters["seed"])
+    tmp.replace(out_dir / PROPOSALS_FILE_NAME)
+    manifest = {**manifest, "parameters": parameters}
+    tmp_manifest = out_dir / f".tmp_{os.getpid()}_{MANIFEST_NAME}"
+    tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp_manifest.replace(out_dir / MANIFEST_NAME)
+    return {"proposals": time.perf_counter() - started}
 
 
 # --------------------------------------------------------------------------
@@ -546,6 +572,12 @@ def generate_embedded_dataset(
     existing = _read_manifest(out_dir)
     if not force and _manifest_matches(existing, parameters):
         last_generation_timings = {}
+        return out_dir
+    if (not force and parameters["with_proposals"]
+            and _manifest_matches(existing, _without_proposals(parameters))):
+        # The image-sentence experiments need no proposals and skip them (the
+        # slowest step); phrase localization adds them the first time.
+        last_generation_timings = _add_proposals(out_dir, existing, parameters)
         return out_dir
     if out_dir.exists():
         if not out_dir.is_dir():

@@ -194,7 +194,7 @@ def generate_embedded_pedes(out_dir: str | os.PathLike | None = None, *,
 
     parameters = _parameters(min_images_per_identity, max_images_per_identity, val_fraction,
                              test_fraction)
-    source = pathlib.Path(source_dir) if source_dir is not None else load_embedded_dataset()
+    source = pathlib.Path(source_dir) if source_dir is not None else load_embedded_dataset(with_proposals=False)
     source = source.absolute()
     source_manifest = _read_manifest(source) if (source / SOURCE_MANIFEST).is_file() else None
     expected = {"format_version": FORMAT_VERSION, "dataset": DATASET_NAME,
