@@ -61,9 +61,22 @@ def _run_check(out, *args, env=None, background=False):
     return proc
 
 
+META_KEYS = ("num_replicas_in_sync",)  # recorded beside the weights; not a weight
+
+
 def _weights(path):
     data = np.load(path)
-    return {k: data[k] for k in data.files}
+    return {k: data[k] for k in data.files if k not in META_KEYS}
+
+
+def _replicas(path, proc_output=None):
+    """The number of replicas that ran, from the .npz (and the printed line, when given)."""
+    with np.load(path) as data:
+        assert "num_replicas_in_sync" in data.files, data.files
+        recorded = int(data["num_replicas_in_sync"])
+    if proc_output is not None:
+        assert f"replicas={recorded} " in proc_output, proc_output[-5000:]
+    return recorded
 
 
 def _assert_same_weights(a, b, tol=TOLERANCE):
@@ -86,7 +99,8 @@ def _free_ports(n):
 def single_device_weights(tmp_path_factory):
     """An uninterrupted single-process run through trainer.train (2 epochs of 4 steps)."""
     base = tmp_path_factory.mktemp("single")
-    _run_check(base / "w.npz", f"--run_dir={base / 'run'}", *TRAIN_ARGS)
+    proc = _run_check(base / "w.npz", f"--run_dir={base / 'run'}", *TRAIN_ARGS)
+    assert _replicas(base / "w.npz", proc.stdout) == 1
     return _weights(base / "w.npz")
 
 
@@ -140,6 +154,7 @@ def test_two_worker_processes_match_single_process_run(tmp_path, single_device_w
     workers = _start_workers(tmp_path, run_dir)
     outputs = _finish(workers)
     assert all("resumed_from=null" in out for out in outputs)
+    assert [_replicas(tmp_path / f"w{i}.npz", outputs[i]) for i in range(2)] == [2, 2]
     w0, w1 = _weights(tmp_path / "w0.npz"), _weights(tmp_path / "w1.npz")
     _assert_same_weights(w0, w1, tol=0.0)  # workers stay in lock-step
     _assert_same_weights(w0, single_device_weights)
@@ -189,8 +204,12 @@ def test_both_workers_sigkilled_mid_epoch_resume_to_the_uninterrupted_weights(
 
 
 def test_two_mirrored_replicas_match_single_device(tmp_path):
-    _run_check(tmp_path / "s.npz", "--steps=3")
-    _run_check(tmp_path / "m.npz", "--strategy=mirrored", "--cpu_replicas=2", "--steps=3")
+    single = _run_check(tmp_path / "s.npz", "--steps=3")
+    mirrored = _run_check(tmp_path / "m.npz", "--strategy=mirrored", "--cpu_replicas=2",
+                          "--steps=3")
+    # Equal weights alone would also pass if the strategy silently ran on one replica.
+    assert _replicas(tmp_path / "s.npz", single.stdout) == 1
+    assert _replicas(tmp_path / "m.npz", mirrored.stdout) == 2
     _assert_same_weights(_weights(tmp_path / "m.npz"), _weights(tmp_path / "s.npz"))
 
 
@@ -215,9 +234,11 @@ def test_chief_is_task_chief_or_worker_zero(monkeypatch):
 
 @pytest.mark.slow
 def test_similarity_network_two_replicas_match_single_device(tmp_path):
-    _run_check(tmp_path / "s1.npz", "--model=similarity", "--steps=3")
-    _run_check(tmp_path / "s2.npz", "--model=similarity", "--strategy=mirrored",
-               "--cpu_replicas=2", "--steps=3")
+    single = _run_check(tmp_path / "s1.npz", "--model=similarity", "--steps=3")
+    mirrored = _run_check(tmp_path / "s2.npz", "--model=similarity", "--strategy=mirrored",
+                          "--cpu_replicas=2", "--steps=3")
+    assert _replicas(tmp_path / "s1.npz", single.stdout) == 1
+    assert _replicas(tmp_path / "s2.npz", mirrored.stdout) == 2
     _assert_same_weights(_weights(tmp_path / "s1.npz"), _weights(tmp_path / "s2.npz"))
 
 

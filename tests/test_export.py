@@ -105,14 +105,87 @@ def test_bad_feature_requests(feature_export, inputs, message):
         loaded.signatures["embed_images"](**inputs)
 
 
-def test_warmup_file_replays_on_the_loaded_model(feature_export):
-    _, path = feature_export
+def _randomize_weights(model, seed):
+    """Random weights, biases and batch-norm statistics (variances kept positive).
+
+    A freshly built tower has zero biases and identity batch norm, so it maps
+    the all-zero warm-up features to all-zero embeddings: a replay compared
+    with it would agree even if the signature computed nothing.
+    """
+    rng = np.random.default_rng(seed)
+    for v in model.weights:
+        shape = tuple(v.shape)
+        if v.path.endswith("variance"):
+            v.assign(rng.uniform(0.5, 1.5, shape).astype(np.float32))
+        else:
+            v.assign(rng.normal(0.0, 0.5, shape).astype(np.float32))
+    return model
+
+
+@pytest.fixture(scope="module", params=["embedding", "similarity"])
+def random_weight_export(request, tmp_path_factory):
+    model = _randomize_weights(build_model(_cfg(kind=request.param, similarity_head=(8,))), seed=7)
+    return model, export_saved_model(model, tmp_path_factory.mktemp(f"random_{request.param}") / "e")
+
+
+def _keras_scores(model, image_embeds, text_embeds):
+    """(num_images, num_texts) scores of the Keras model: dot product or similarity head."""
+    return model.score_fn(image_embeds, text_embeds)(0, len(text_embeds))
+
+
+def test_warmup_file_replays_on_the_loaded_model(random_weight_export):
+    """Every warm-up request, replayed on the SavedModel, gives the Keras model's outputs."""
+    model, path = random_weight_export
     requests = serving.read_warmup_requests(path)
     assert [name for name, _ in requests] == SIGNATURES
     loaded = tf.saved_model.load(str(path))
     for name, inputs in requests:
-        outputs = loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
-        assert all(np.isfinite(v.numpy()).all() for v in outputs.values())
+        outputs = {k: v.numpy() for k, v in
+                   loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()}).items()}
+        if name == "embed_images":
+            want = {"image_embedding": model.embed_images(inputs["image_features"])}
+        elif name == "embed_texts":
+            want = {"text_embedding": model.embed_texts(inputs["text_features"])}
+        else:  # score and serving_default
+            want = {"scores": _keras_scores(model, model.embed_images(inputs["image_features"]),
+                                            model.embed_texts(inputs["text_features"]))}
+        assert outputs.keys() == want.keys(), name
+        for key, value in want.items():
+            # Not a vacuous comparison: the random weights move zero inputs off zero.
+            assert np.abs(value).max() > 1e-3, (name, key, value)
+            assert outputs[key].shape == value.shape, (name, key)
+            np.testing.assert_allclose(outputs[key], value, atol=1e-5, rtol=1e-5,
+                                       err_msg=f"{name}/{key}")
+
+
+def test_raw_input_warmup_file_replays_like_keras(raw_input_export):
+    """The JPEG + caption warm-up requests give the Keras backbone/encoder/tower outputs."""
+    model, encoder, backbone, path = raw_input_export
+    import tensorflow_text  # noqa: F401  (tokenizer ops of the in-graph text encoder)
+    requests = serving.read_warmup_requests(path)
+    assert [name for name, _ in requests] == SIGNATURES
+    loaded = tf.saved_model.load(str(path))
+
+    def images(inputs):
+        return _keras_image_embeddings(model, backbone, [bytes(j) for j in inputs["image_jpeg"]])
+
+    def texts(inputs):
+        captions = [c.decode("utf-8") if isinstance(c, bytes) else str(c) for c in inputs["captions"]]
+        return model.embed_texts(encoder.transform([tokenize_caption(c) for c in captions]))
+
+    for name, inputs in requests:
+        outputs = {k: v.numpy() for k, v in
+                   loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()}).items()}
+        if name == "embed_images":
+            want = {"image_embedding": images(inputs)}
+        elif name == "embed_texts":
+            want = {"text_embedding": texts(inputs)}
+        else:
+            want = {"scores": images(inputs) @ texts(inputs).T}
+        assert outputs.keys() == want.keys(), name
+        for key, value in want.items():
+            assert outputs[key].shape == value.shape, (name, key)
+            np.testing.assert_allclose(outputs[key], value, atol=1e-5, err_msg=f"{name}/{key}")
 
 
 def test_similarity_network_scores(tmp_path):

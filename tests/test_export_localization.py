@@ -212,14 +212,51 @@ def test_saved_model_cli_show_and_run(exported, tmp_path):
     assert config["region_phrase_export"]["box_convention"] == "inclusive"
 
 
-def test_warmup_file_replays_on_the_loaded_model(exported):
-    _, export_dir, loaded = exported
+def test_warmup_file_replays_on_the_loaded_model(parts, exported):
+    """Every warm-up request gives the Python path's outputs (backbone, encoder, towers, head)."""
+    backbone, encoder = parts
+    model, export_dir, loaded = exported
     requests = read_warmup_requests(export_dir)
     assert [name for name, _ in requests] == ["embed_regions", "embed_phrases", "score_proposals", "serving_default"]
     assert requests[0][1]["image_jpeg"].shape == ()   # one image per request
+
+    def crops(inputs):
+        decoded = decode_image_exact(inputs["image_jpeg"].item()).numpy()
+        return decoded, crop_regions(decoded, inputs["proposals"], CROP).numpy()
+
+    def phrases(inputs):
+        return [p.decode("utf-8") if isinstance(p, bytes) else str(p) for p in inputs["phrases"]]
+
+    replies = {}
     for name, inputs in requests:
-        outputs = loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
-        assert all(np.isfinite(v.numpy()).all() for v in outputs.values())
+        outputs = {k: v.numpy() for k, v in
+                   loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()}).items()}
+        replies[name] = outputs
+        if name == "embed_regions":
+            _, region_crops = crops(inputs)
+            want = {"region_embedding": _normalise(model.embed_images(backbone(region_crops, training=False)
+                                                                      .numpy()))}
+        elif name == "embed_phrases":
+            features = encoder.transform([tokenize_caption(p) for p in phrases(inputs)])
+            want = {"phrase_embedding": _normalise(model.embed_texts(features))}
+        else:  # score_proposals and serving_default
+            decoded, region_crops = crops(inputs)
+            scores = _python_scores(model, backbone, encoder, decoded, inputs["proposals"], phrases(inputs),
+                                    region_crops)
+            want = {"scores": scores}
+            assert outputs.keys() == {"scores", "best_index", "best_box"}, name
+            # best_index is the argmax of the replayed scores (ties: the first) and best_box
+            # its proposal (the grey warm-up image makes the two regions (near-)tie).
+            np.testing.assert_array_equal(outputs["best_index"], outputs["scores"].argmax(axis=1))
+            np.testing.assert_array_equal(outputs["best_box"], inputs["proposals"][outputs["best_index"]])
+        assert set(want) <= set(outputs), name
+        for key, value in want.items():
+            assert np.isfinite(outputs[key]).all(), (name, key)
+            assert outputs[key].shape == np.shape(value), (name, key)
+            np.testing.assert_allclose(outputs[key], value, atol=1e-4, err_msg=f"{name}/{key}")
+    # The default signature is score_proposals, output for output.
+    for key, value in replies["score_proposals"].items():
+        np.testing.assert_allclose(replies["serving_default"][key], value, rtol=0, atol=1e-6, err_msg=key)
 
 
 def test_incompatible_parts_are_config_errors(parts, tmp_path):

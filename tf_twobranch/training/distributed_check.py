@@ -2,7 +2,9 @@
 
 Trains a small embedding network for a few steps on deterministic random
 features under a chosen strategy and writes its final weights to an ``.npz``
-file.  Running it once with ``--strategy=default`` and once as two
+file, with ``losses`` and ``num_replicas_in_sync`` (the number of replicas that
+ran, also printed as ``replicas=N``).  Running it once with
+``--strategy=default`` and once as two
 `MultiWorkerMirroredStrategy` workers (``TF_CONFIG`` set per process) must
 give the same weights: the in-batch ranking loss all-gathers the replicas'
 embeddings, batch norm is synchronised, and each replica embeds a disjoint
@@ -116,7 +118,10 @@ def main(argv=None) -> int:
         dataset = distribute.distribute_global_batches(strategy, batches, attach)
         history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
     weights = {f"{i:03d}_{v.path}": np.asarray(v.numpy()) for i, v in enumerate(model.weights)}
-    np.savez(args.out, losses=np.asarray(history.history["loss"]), **weights)
+    # num_replicas_in_sync is recorded so that a check can assert how many replicas really
+    # ran: equal weights alone would also come from a strategy silently left on one device.
+    np.savez(args.out, losses=np.asarray(history.history["loss"]),
+             num_replicas_in_sync=np.asarray(strategy.num_replicas_in_sync, np.int64), **weights)
     print(f"replicas={strategy.num_replicas_in_sync} loss={history.history['loss'][-1]:.6f} "
           f"-> {args.out}")
     if args.run_dir:
