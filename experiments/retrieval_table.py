@@ -11,6 +11,7 @@ row is exported as a SavedModel.
 """
 from __future__ import annotations
 
+import pathlib
 import sys
 import time
 
@@ -27,10 +28,55 @@ flags.DEFINE_list("rows", [], "Row flagfiles (names in experiments/configs or pa
                   "network) — the LSTM and single-directional rows need --rows=all.")
 flags.DEFINE_string("export_row", "b6", "Row whose model is exported (substring of its "
                     "flagfile name); empty: none.")
-flags.DEFINE_string("out_json", "", "Results of all rows (default runs/table<N>.json).")
+flags.DEFINE_string("out_json", "", "Results of all rows (default <runs_dir>/table<N>.json).")
+flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (default runs/ in the "
+                    "repository).")
 FLAGS = flags.FLAGS
 # The rows the default run trains (each under ~1 minute on the embedded data).
 MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
+
+# Seconds of the default job's phases on the machine of BUILD_NOTES.md ("Main job
+# time"), whose float32 matmul probe (`_matmul_gflops`) gave REFERENCE_GFLOPS;
+# the estimate scales them by this machine's probe.
+REFERENCE_GFLOPS = 40.0
+REFERENCE_SECONDS = {"dataset": 25, "features": 430, "_a1_": 15, "_b2_": 50, "_b4_": 150,
+                     "_b5_": 180, "_b6_": 240, "_d_": 420, "row": 150}
+
+
+def _matmul_gflops() -> float:
+    """A quick (~0.1 s) float32 matmul probe of this machine's speed."""
+    import numpy as np
+    a = np.random.default_rng(0).standard_normal((512, 512), dtype=np.float32)
+    a @ a
+    start = time.perf_counter()
+    for _ in range(4):
+        a @ a
+    return 4 * 2 * 512 ** 3 / max(time.perf_counter() - start, 1e-9) / 1e9
+
+
+def estimate_seconds(configs, dataset_ready: bool, features_ready: bool) -> float:
+    """The default job's expected wall time on this machine (embedded data)."""
+    total = (0 if dataset_ready else REFERENCE_SECONDS["dataset"]) + \
+        (0 if features_ready else REFERENCE_SECONDS["features"])
+    for cfg in configs:
+        key = next((k for k in MAIN_ROWS if k in cfg.stem), "row")
+        total += REFERENCE_SECONDS[key]
+    return total * REFERENCE_GFLOPS / max(_matmul_gflops(), 1e-3)
+
+
+def _print_estimate(configs, overrides) -> None:
+    if any(_flag_name(o) == "dataset_dir" for o in overrides):
+        print(f"Estimated time: depends on your dataset's size ({len(configs)} rows).", flush=True)
+        return
+    from tf_twobranch.data.embedded import default_dataset_dir
+    dataset = default_dataset_dir()
+    dataset_ready = (dataset / "MANIFEST.json").exists()
+    features_ready = dataset_ready and any((dataset / "features").glob("image_scene_cnn_*"))
+    seconds = estimate_seconds(configs, dataset_ready, features_ready)
+    print(f"Estimated time on this machine: about {seconds / 60:.0f} min for {len(configs)} rows"
+          f"{'' if features_ready else ' (first run: dataset and features are computed and cached)'}.",
+          flush=True)
+
 
 def _flag_name(arg: str) -> str:
     return arg.lstrip("-").split("=", 1)[0]
@@ -43,6 +89,7 @@ def _row_overrides(argv: list[str]) -> list[str]:
 
 def _main() -> None:
     overrides = _row_overrides(sys.argv)
+    runs_dir = pathlib.Path(FLAGS.runs_dir) if FLAGS.runs_dir else common.REPO_ROOT / "runs"
     every = sorted(common.CONFIG_DIR.glob(f"table{FLAGS.table}_*.cfg"))
     if FLAGS.rows == ["all"]:
         configs = every
@@ -50,13 +97,14 @@ def _main() -> None:
         configs = [common.resolve_config(r) for r in FLAGS.rows]
     else:
         configs = [c for c in every if any(k in c.stem for k in MAIN_ROWS)]
+    _print_estimate(configs, overrides)
     rows, records = [], []
     start = time.time()
     for cfg in configs:
         export = bool(FLAGS.export_row) and FLAGS.export_row in cfg.stem
         fv = common.parse_flagfile(isr.define_flags, str(cfg),
                                    [*overrides, f"--export={str(export).lower()}",
-                                    f"--run_dir={common.REPO_ROOT / 'runs' / cfg.stem}"])
+                                    f"--run_dir={runs_dir / cfg.stem}"])
         print(f"\n=== {cfg.name}: {fv.row_name}", flush=True)
         record = isr.run(fv)
         records.append(record)
@@ -80,7 +128,7 @@ def _main() -> None:
     exported = [r["export_dir"] for r in records if r.get("export_dir")]
     for e in exported:
         print(f"SavedModel: {e}")
-    out = FLAGS.out_json or common.REPO_ROOT / "runs" / f"table{FLAGS.table}.json"
+    out = FLAGS.out_json or runs_dir / f"table{FLAGS.table}.json"
     common.write_json(out, {"rows": records, "seconds": time.time() - start})
     print(f"results: {out} ({time.time() - start:.0f} s)")
 
