@@ -38,9 +38,9 @@ MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
 # Seconds of the default job's phases on the machine of BUILD_NOTES.md ("Main job
 # time"), whose float32 matmul probe (`_matmul_gflops`) gave REFERENCE_GFLOPS;
 # the estimate scales them by this machine's probe.
-REFERENCE_GFLOPS = 40.0
-REFERENCE_SECONDS = {"dataset": 25, "features": 430, "_a1_": 15, "_b2_": 50, "_b4_": 150,
-                     "_b5_": 180, "_b6_": 240, "_d_": 420, "row": 150}
+REFERENCE_GFLOPS = 57.0
+REFERENCE_SECONDS = {"dataset": 25, "features": 470, "_a1_": 15, "_b2_": 48, "_b4_": 152,
+                     "_b5_": 237, "_b6_": 267, "_d_": 630, "row": 200}
 
 
 def _matmul_gflops() -> float:
