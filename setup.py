@@ -28,5 +28,5 @@ setup(
         "pillow>=10,<14",
         "matplotlib>=3.8,<4",
     ],
-    extras_require={"test": ["pytest>=8,<10"]},
+    extras_require={"test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4"]},
 )

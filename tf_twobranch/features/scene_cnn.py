@@ -411,7 +411,11 @@ def save_scene_cnn(model: keras.Model, path: str | os.PathLike) -> None:
     if path.suffix != ".keras":
         raise ConfigError(f"scene_cnn models are saved as .keras files, got {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    model.save(path)
+    # Written whole, then renamed: a concurrent reader (another test worker or
+    # run sharing the cache) never sees a partial file.
+    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
+    model.save(tmp)
+    os.replace(tmp, path)
 
 
 def load_scene_cnn(path: str | os.PathLike) -> keras.Model:
