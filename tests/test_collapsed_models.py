@@ -14,6 +14,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.baselines import randomize_weights
+
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 
@@ -74,19 +76,6 @@ def _tiny(kind):
                                        similarity_head=(8,), dropout=0.0, top_k=3))
 
 
-def _randomize_weights(model, seed=0):
-    """Random weights, biases and batch-norm statistics: constant inputs then map to a
-    constant but non-zero embedding (a fresh model maps zeros to zeros)."""
-    rng = np.random.default_rng(seed)
-    for v in model.weights:
-        shape = tuple(v.shape)
-        if v.path.endswith("variance"):
-            v.assign(rng.uniform(0.5, 1.5, shape).astype(np.float32))
-        else:
-            v.assign(rng.normal(0.0, 0.5, shape).astype(np.float32))
-    return model
-
-
 def _constant_inputs(name, rows, dim, seed):
     if name == "zeros":
         return np.zeros((rows, dim), np.float32)
@@ -99,7 +88,7 @@ def _constant_inputs(name, rows, dim, seed):
 @pytest.fixture(scope="module", params=["embedding", "similarity"])
 def models(request):
     """(fresh model, model with random biases and batch-norm statistics) of one kind."""
-    return _tiny(request.param), _randomize_weights(_tiny(request.param))
+    return _tiny(request.param), randomize_weights(_tiny(request.param))
 
 
 @pytest.mark.parametrize("inputs", ["zeros", "ones", "repeated_row"])

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from tests.baselines import randomize_weights
 from tf_twobranch import serving
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError
@@ -105,26 +106,9 @@ def test_bad_feature_requests(feature_export, inputs, message):
         loaded.signatures["embed_images"](**inputs)
 
 
-def _randomize_weights(model, seed):
-    """Random weights, biases and batch-norm statistics (variances kept positive).
-
-    A freshly built tower has zero biases and identity batch norm, so it maps
-    the all-zero warm-up features to all-zero embeddings: a replay compared
-    with it would agree even if the signature computed nothing.
-    """
-    rng = np.random.default_rng(seed)
-    for v in model.weights:
-        shape = tuple(v.shape)
-        if v.path.endswith("variance"):
-            v.assign(rng.uniform(0.5, 1.5, shape).astype(np.float32))
-        else:
-            v.assign(rng.normal(0.0, 0.5, shape).astype(np.float32))
-    return model
-
-
 @pytest.fixture(scope="module", params=["embedding", "similarity"])
 def random_weight_export(request, tmp_path_factory):
-    model = _randomize_weights(build_model(_cfg(kind=request.param, similarity_head=(8,))), seed=7)
+    model = randomize_weights(build_model(_cfg(kind=request.param, similarity_head=(8,))), seed=7)
     return model, export_saved_model(model, tmp_path_factory.mktemp(f"random_{request.param}") / "e")
 
 
