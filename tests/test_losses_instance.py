@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tf_twobranch import losses
+from tests.keras_contract import assert_keras_loss_contract
 
 
 def np_instance_loss(logits, labels):
@@ -133,3 +134,28 @@ def test_keras_wrappers_round_trip(data):
     np.testing.assert_allclose(clone((labels, labels), (img, txt)).numpy(), want, rtol=1e-5)
     with pytest.raises(ValueError, match="negatives"):
         losses.CosineRankingLoss(negatives="semi-hard")
+
+
+def test_instance_loss_keras_contract(tmp_path):
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(6, 7)).astype(np.float32) * 3
+    labels = np.array([0, 6, 3, 3, 1, 5], np.int32)
+    per_example = losses.instance_loss(logits, labels).numpy()
+    np.testing.assert_allclose(per_example, np_instance_loss(logits, labels), rtol=1e-5)
+    assert_keras_loss_contract(losses.InstanceLoss(), labels, logits, per_example.mean(),
+                               per_example, tmp_path)
+    assert losses.InstanceLoss().name == "instance_loss"
+
+
+@pytest.mark.parametrize("negatives", losses.RANKING_NEGATIVES)
+def test_cosine_ranking_loss_keras_contract(data, negatives, tmp_path):
+    img, txt, labels, _ = data
+    per_example = losses.cosine_ranking_loss(img, txt, labels, labels, margin=0.5,
+                                             negatives=negatives, per_example=True).numpy()
+    assert np.ptp(per_example) > 0  # rows differ: a wrong weighting would show
+    expected = losses.cosine_ranking_loss(img, txt, labels, labels, margin=0.5, negatives=negatives)
+    assert_keras_loss_contract(losses.CosineRankingLoss(margin=0.5, negatives=negatives), labels,
+                               (img, txt), expected, per_example, tmp_path)
+    assert_keras_loss_contract(losses.CosineRankingLoss(margin=0.5, negatives=negatives),
+                               (labels, labels), (img, txt), expected, per_example, tmp_path)
+    assert losses.CosineRankingLoss().name == "cosine_ranking_loss"
