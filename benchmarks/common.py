@@ -8,15 +8,15 @@ state that would bias the next figure.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
-import pathlib
 import platform
 import resource
 import statistics
 import time
 from typing import Any, Callable, Sequence
+
+from tf_twobranch.json_files import write_json
 
 # Matmul shapes (m, k, n, transpose_a) measured for the machine's throughput:
 # square sizes plus the shapes of the paper-size training step (forward
@@ -333,14 +333,6 @@ def _numeric(s: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def write_json(path, payload: dict) -> pathlib.Path:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n",
-                    encoding="utf-8")
-    return path
 
 
 def finish_report(report: dict, lines: list, started: float, out_json) -> None:

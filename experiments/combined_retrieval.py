@@ -33,6 +33,7 @@ from absl import app, flags
 
 from experiments import common
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.vectors import l2_normalize_rows
 
 DEFAULT_IMAGE_SENTENCE_CFG = "table2_b6_nonlinear_bidir_nbr_constraints"
 DEFAULT_REGION_PHRASE_CFG = "table1_b5_nonlinear_augm_pos_bidir_nbr_sampling"
@@ -69,11 +70,6 @@ def _row_flags(define, run_config: dict):
         if name in fv:
             fv[name].value = value
     return fv
-
-
-def _l2(x):
-    x = np.asarray(x, np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def _train_missing(f) -> tuple[pathlib.Path, pathlib.Path]:
@@ -130,11 +126,11 @@ def sentence_phrases(dataset_dir: pathlib.Path, corpus) -> list[list[str]]:
 def region_phrase_distances(rp_model, phrase_features: np.ndarray, proposal_features: list[np.ndarray],
                             image_chunk: int = 50) -> np.ndarray:
     """(num_phrases, num_images): distance of each phrase to its closest proposal of each image."""
-    phrases = _l2(rp_model.embed_texts(phrase_features))
+    phrases = l2_normalize_rows(rp_model.embed_texts(phrase_features))
     out = np.empty((len(phrases), len(proposal_features)), np.float32)
     for lo in range(0, len(proposal_features), image_chunk):
         block = proposal_features[lo:lo + image_chunk]
-        regions = _l2(rp_model.embed_images(np.concatenate([np.asarray(b) for b in block])))
+        regions = l2_normalize_rows(rp_model.embed_images(np.concatenate([np.asarray(b) for b in block])))
         starts = np.concatenate([[0], np.cumsum([len(b) for b in block])[:-1]])
         best_cos = np.maximum.reduceat(phrases @ regions.T, starts, axis=1)
         out[:, lo:lo + len(block)] = np.sqrt(np.maximum(2.0 - 2.0 * best_cos, 0.0))
@@ -177,8 +173,8 @@ def run(f) -> dict:
         raise common.UserInputError(f"test image {missing[0]} of the captions is not in "
                                     f"{dataset_dir / 'test.txt'} ({len(missing)} missing)")
     # Global model: d(x, y) on the unit sphere.
-    img = _l2(is_model.embed_images(image["test"]))
-    txt = _l2(is_model.embed_texts(text["test"]))
+    img = l2_normalize_rows(is_model.embed_images(image["test"]))
+    txt = l2_normalize_rows(is_model.embed_texts(text["test"]))
     # Region-phrase model: phrase-to-best-region distances per unique phrase string.
     phrases = sentence_phrases(pathlib.Path(dataset_dir), test)
     table: dict[str, int] = {}

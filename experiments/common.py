@@ -1,12 +1,12 @@
 """Shared helpers of the experiment entry points: flag parsing per row, tables."""
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Callable, Sequence
 
 from absl import flags
 
+from tf_twobranch import distribute, json_files
 from tf_twobranch.cli import exit_with_user_error  # noqa: F401 (re-exported)
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 
@@ -84,7 +84,7 @@ def setup_training(f):
     if f.deterministic:
         trainer.make_deterministic(f.seed)
     set_precision(f.precision)
-    return trainer.get_strategy(f.strategy)
+    return distribute.get_strategy(f.strategy)
 
 
 def apply_embedded_profile(f, profile: dict) -> dict:
@@ -150,15 +150,11 @@ def format_retrieval_table(title: str, rows: list[dict], ks=(1, 5, 10)) -> str:
 
 def is_chief() -> bool:
     """True unless this process is a non-chief worker of a multi-worker run (TF_CONFIG)."""
-    from tf_twobranch.training.trainer import is_chief as trainer_is_chief
-    return trainer_is_chief()
+    return distribute.is_chief()
 
 
 def write_json(path, payload):
     # Under MultiWorkerMirroredStrategy every worker computes the same
     # results; only the chief writes them (the run dir is shared).
-    if not is_chief():
-        return
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=float), encoding="utf-8")
+    if is_chief():
+        json_files.write_json(path, payload)

@@ -6,7 +6,7 @@ phrase's ground-truth box(es), in matching colours; the caption is written
 underneath with every localized phrase in the colour of its boxes.
 
 Scores come from a region–phrase SavedModel written by
-`tf_twobranch.export_localization.export_region_phrase_model`
+`tf_twobranch.export.localization.export_region_phrase_model`
 (``--saved_model``), or from a trained run directory (``--run_dir``, with
 ``run_config.json`` and ``checkpoints/latest.weights.h5``) together with the
 backbone (``--backbone``/``--backbone_weights``) and the fitted text encoder

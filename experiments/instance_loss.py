@@ -486,7 +486,7 @@ def run(f) -> dict:
             "run_dir": str(stage_dir)})
     record["metrics"] = record["stages"][-1]["metrics"] if record["stages"] else {}
     if f.export and record["stages"] and common.is_chief():
-        from tf_twobranch.export_dual_path import export_dual_path
+        from tf_twobranch.export.dual_path import export_dual_path
         record["export_dir"] = str(export_dual_path(
             model, train.vocabulary, run_dir / "export", resize_to=f.resize_to,
             run_config={"model": config.to_dict(), "flags": f.flag_values_dict()}))

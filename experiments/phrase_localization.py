@@ -234,6 +234,7 @@ def _set_loss(model, **weights) -> None:
 
 def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     """Trains the embedding/similarity network on the training split; returns (model, info)."""
+    from tf_twobranch import json_files
     from tf_twobranch.models.two_branch import build_model
     from tf_twobranch.sampling import phrase_localization as pl
     from tf_twobranch.training import trainer
@@ -268,9 +269,9 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
         info["stages"].append({"name": "neighbourhood_constraints", "epochs": f.constraint_epochs,
                                "loss": history.history["loss"]})
     if f.model == "embedding" and f.hard_negative_epochs:
-        from tf_twobranch.evaluation.phrase_localization import _l2_normalise
-        regions = _l2_normalise(model.embed_images(np.asarray(data.region_features)))
-        phrases = _l2_normalise(model.embed_texts(np.asarray(data.phrase_features)))
+        from tf_twobranch.vectors import l2_normalize_rows
+        regions = l2_normalize_rows(model.embed_images(np.asarray(data.region_features)))
+        phrases = l2_normalize_rows(model.embed_texts(np.asarray(data.phrase_features)))
         hard = pl.mine_hard_negatives(data, regions, phrases, max_per_phrase=f.max_hard_negatives)
         _set_loss(model, image_neighbour_weight=0.0, text_neighbour_weight=0.0)
         sampler = _sampler(f, data, f.seed + 2, hard_negatives=hard)
@@ -284,7 +285,7 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     info["steps_per_epoch"] = steps
     # The saved config is the one the final weights were trained with.
     run_config["model"] = model.config.to_dict()
-    trainer.write_json_atomic(run_dir / "run_config.json", run_config)
+    json_files.write_json(run_dir / "run_config.json", run_config)
     info["run_config"] = run_config
     return model, info
 
@@ -320,7 +321,7 @@ def run(f) -> dict:
         record.update({k: v for k, v in info.items() if k != "run_config"})
         record["metrics"] = evaluate_phrase_localization(model, test)
         if f.export and common.is_chief():
-            from tf_twobranch.export import export_saved_model
+            from tf_twobranch.export.two_branch import export_saved_model
             record["export_dir"] = str(export_saved_model(model, run_dir / "export",
                                                           run_config=info["run_config"]))
     record["seconds"] = time.time() - start

@@ -1,6 +1,6 @@
 """Distributed training computes what one device computes (issue: scale out).
 
-The end-to-end checks run `tf_twobranch.training.distributed_check` in
+The end-to-end checks run `tf_twobranch.tools.distributed_check` in
 subprocesses: TF fixes its device layout at start-up, and two
 `MultiWorkerMirroredStrategy` workers must be separate processes.
 """
@@ -50,7 +50,7 @@ def test_helpers_are_identity_outside_a_strategy():
 
 
 def _run_check(out, *args, env=None, background=False):
-    cmd = [sys.executable, "-m", "tf_twobranch.training.distributed_check", f"--out={out}",
+    cmd = [sys.executable, "-m", "tf_twobranch.tools.distributed_check", f"--out={out}",
            *args]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     if background:
@@ -214,22 +214,21 @@ def test_two_mirrored_replicas_match_single_device(tmp_path):
 
 
 def test_chief_is_task_chief_or_worker_zero(monkeypatch):
-    from tf_twobranch.training import trainer
     cluster = {"worker": ["a:1", "b:2"]}
     for task, chief in (({"type": "worker", "index": 0}, True),
                         ({"type": "worker", "index": 1}, False)):
         monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
-        assert trainer.is_chief() is chief
+        assert distribute.is_chief() is chief
     with_chief = {"chief": ["c:0"], **cluster}
     for task, chief in (({"type": "chief", "index": 0}, True),
                         ({"type": "worker", "index": 0}, False)):
         monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": with_chief, "task": task}))
-        assert trainer.is_chief() is chief
+        assert distribute.is_chief() is chief
     monkeypatch.delenv("TF_CONFIG")
-    assert trainer.is_chief() and trainer.is_chief(tf.distribute.get_strategy())
+    assert distribute.is_chief() and distribute.is_chief(tf.distribute.get_strategy())
     monkeypatch.setenv("TF_CONFIG", "not json")
     with pytest.raises(ConfigError, match="TF_CONFIG"):
-        trainer.is_chief()
+        distribute.is_chief()
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from experiments import instance_loss as exp
 
 CONFIGS = sorted(common.CONFIG_DIR.glob("zheng_*.cfg"))
 TINY = ["--max_train_images=32", "--max_test_images=12", "--stage1_epochs=1",
-        "--stage2_epochs=1", "--text_width=2",
+        "--stage2_epochs=1", "--text_width=2", "--text_blocks=1,1,1,1",
         "--hidden_dim=16", "--embed_dim=16", "--word_dim=8", "--verbose=0", "--batch_size=16"]
 
 
@@ -106,7 +106,7 @@ def test_tiny_two_stage_run_evaluates_plots_and_exports(tmp_path):
     import tensorflow_text  # noqa: F401  (tokenizer ops of the SavedModel)
 
     from tf_twobranch.data.text_codes import encode_captions
-    from tf_twobranch.export_dual_path import embed_with_keras
+    from tf_twobranch.export.dual_path import embed_with_keras
     from tf_twobranch.models.dual_path import load_dual_path_model
 
     f = _flags(*TINY, f"--run_dir={tmp_path}")

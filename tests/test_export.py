@@ -13,7 +13,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tests.baselines import randomize_weights
-from tf_twobranch import serving
+from tf_twobranch.export import serving
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import export_saved_model
@@ -23,7 +23,7 @@ from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAVED_MODEL_CLI = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
 # saved_model_cli with the tensorflow-text ops registered (graphs with string inputs).
-SAVED_MODEL_CLI_TEXT = [sys.executable, "-m", "tf_twobranch.serving"]
+SAVED_MODEL_CLI_TEXT = [sys.executable, "-m", "tf_twobranch.tools.saved_model_cli"]
 IA = tf.errors.InvalidArgumentError
 SIGNATURES = ["embed_images", "embed_texts", "score", "serving_default"]
 CAPTIONS = ["a red seven on the left", "two blue threes above a green one", "a small yellow four",

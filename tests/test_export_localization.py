@@ -13,14 +13,14 @@ from PIL import Image
 
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.export_localization import crop_regions, decode_image_exact, export_region_phrase_model
+from tf_twobranch.export.localization import crop_regions, decode_image_exact, export_region_phrase_model
 from tf_twobranch.features.image_features import extract_region_features
 from tf_twobranch.features.images import resize
 from tf_twobranch.features.scene_cnn import train_scene_cnn
 from tf_twobranch.features.text_features import FisherVectorEncoder
 from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
-from tf_twobranch.serving import read_warmup_requests
+from tf_twobranch.export.serving import read_warmup_requests
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -189,8 +189,8 @@ def test_saved_model_cli_show_and_run(exported, tmp_path):
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
     commands = [
         [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show", "--dir", str(export_dir), "--all"],
-        # tf_twobranch.serving = saved_model_cli with the tensorflow-text ops registered.
-        [sys.executable, "-m", "tf_twobranch.serving", "run", "--dir", str(export_dir), "--tag_set", "serve",
+        # tf_twobranch.tools.saved_model_cli = saved_model_cli with the tensorflow-text ops registered.
+        [sys.executable, "-m", "tf_twobranch.tools.saved_model_cli", "run", "--dir", str(export_dir), "--tag_set", "serve",
          "--signature_def", "score_proposals", "--inputs", f"image_jpeg={tmp_path / 'image.npy'}",
          "--input_exprs", f"proposals={PROPOSALS.tolist()};phrases={PHRASES}", "--outdir", str(tmp_path / "out")],
     ]

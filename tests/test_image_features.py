@@ -228,7 +228,7 @@ def test_entity_region_crops_and_region_supervision(tmp_path):
 def run_cli(argv):
     from absl import flags
 
-    from tf_twobranch.features import extract_image_features as cli
+    from tf_twobranch.tools import extract_image_features as cli
 
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["extract_image_features"] + argv)
@@ -269,7 +269,7 @@ def test_cli_user_error_is_one_line(tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "tf_twobranch.features.extract_image_features",
+        [sys.executable, "-m", "tf_twobranch.tools.extract_image_features",
          f"--images_dir={tmp_path / 'nowhere'}", f"--out={tmp_path / 'f.npy'}"],
         capture_output=True, text=True, timeout=120, cwd=__import__("pathlib").Path(__file__).parents[1],
         env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"})

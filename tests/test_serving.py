@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tf_twobranch import serving
+from tf_twobranch.export import serving
 from tf_twobranch.errors import ConfigError, DataFormatError
 
 IA = tf.errors.InvalidArgumentError

@@ -193,7 +193,7 @@ def test_extract_text_features_cli(tmp_path):
     (tmp_path / "train.txt").write_text("100\n101\n102\n103\n999\n")
     (tmp_path / "test.txt").write_text("104\n105\n")
     out_dir = tmp_path / "out"
-    result = _run_module("tf_twobranch.features.extract_text_features", f"--captions={captions}",
+    result = _run_module("tf_twobranch.tools.extract_text_features", f"--captions={captions}",
                          f"--train_split={tmp_path / 'train.txt'}", f"--splits={tmp_path / 'test.txt'}",
                          "--encoder=tfidf", f"--out_dir={out_dir}")
     assert result.returncode == 0, result.stderr
@@ -204,7 +204,7 @@ def test_extract_text_features_cli(tmp_path):
     reloaded = load_text_encoder(out_dir / "text_encoder.npz")
     assert reloaded.output_dim == features.shape[1]
 
-    bad = _run_module("tf_twobranch.features.extract_text_features", f"--captions={captions}",
+    bad = _run_module("tf_twobranch.tools.extract_text_features", f"--captions={captions}",
                       f"--train_split={tmp_path / 'train.txt'}", "--encoder=bert", f"--out_dir={out_dir}")
     assert bad.returncode != 0
     assert "unknown; choose one of" in bad.stderr and "Traceback" not in bad.stderr

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
+from tf_twobranch.json_files import write_json
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.sampling import image_sentence as S
 from tf_twobranch.training import trainer
@@ -65,7 +66,7 @@ def test_embedding_network_learns_and_evaluate_matches_core(tmp_path):
     core = retrieval.retrieval_metrics(model.embed_images(img), model.embed_texts(txt), cap_img)
     assert after == core
     # rebuild from the run directory alone
-    trainer.write_json_atomic(tmp_path / "run_config.json", {"model": model.config.to_dict()})
+    write_json(tmp_path / "run_config.json", {"model": model.config.to_dict()})
     restored, _ = trainer.load_trained_model(tmp_path)
     np.testing.assert_allclose(restored.embed_texts(txt), model.embed_texts(txt), atol=1e-6)
     assert (tmp_path / "checkpoints" / "epoch_0008.weights.h5").exists()
@@ -124,9 +125,23 @@ def test_xla_optimizer_update_matches_plain_update():
 
 def test_run_dir_backup_of_another_configuration_is_discarded(tmp_path):
     (tmp_path / "backup").mkdir()
-    trainer.write_json_atomic(tmp_path / "run_config.json", {"model": {"margin": 0.05}})
+    write_json(tmp_path / "run_config.json", {"model": {"margin": 0.05}})
     trainer.prepare_run_dir(tmp_path, {"model": {"margin": 0.05}})
     assert (tmp_path / "backup").exists()          # same run: resume from it
     trainer.prepare_run_dir(tmp_path, {"model": {"margin": 0.2}})
     assert not (tmp_path / "backup").exists()      # other run: never restored
     assert json.loads((tmp_path / "run_config.json").read_text())["model"]["margin"] == 0.2
+
+
+def test_embedding_traces_each_tower_once(caplog):
+    """Embedding again (evaluate calls it per split) reuses the traced graph: no retracing."""
+    from tf_twobranch.batching import inference_function
+    model = build_model(tiny_config())
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        model.embed_images(rng.standard_normal((10, 12)).astype(np.float32), batch_size=4)
+        model.embed_texts(rng.standard_normal((10, 10)).astype(np.float32), batch_size=4)
+    for tower in (model.image_tower, model.text_tower):
+        # Full batches of 4 and the last batch of 2: at most two traces, once.
+        assert inference_function(tower).experimental_get_tracing_count() <= 2
+    assert "retracing" not in caplog.text

@@ -1,4 +1,8 @@
-"""Losses over the global batch under any `tf.distribute` strategy.
+"""Strategies, the chief, and losses over the global batch under any `tf.distribute` strategy.
+
+`get_strategy` turns the one `--strategy` flag into a strategy; `is_chief`
+says whether this process writes run directories and results (the chief
+of a multi-worker cluster, or the only process).
 
 Every loss in this package that ranks against in-batch negatives sees the
 *global* batch: each replica all-gathers the embeddings (and the ids that say
@@ -20,10 +24,91 @@ global count = local count), so single-device code pays nothing.
 """
 from __future__ import annotations
 
+import json
+import os
+
 import tensorflow as tf
 
-__all__ = ["num_replicas", "cross_replica_concat", "local_row_offset", "global_count",
+from tf_twobranch.errors import ConfigError
+
+__all__ = ["STRATEGIES", "get_strategy", "cluster_resolver", "is_multi_worker", "is_chief",
+           "num_replicas", "cross_replica_concat", "local_row_offset", "global_count",
            "replica_share", "split_global_batch", "distribute_global_batches", "distributed_stream", "keras_logs"]
+
+
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+
+
+def get_strategy(name: str = "default") -> tf.distribute.Strategy:
+    """One flag selects the distribution strategy."""
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if name == "multi_worker":
+        if "TF_CONFIG" not in os.environ:
+            raise ConfigError("strategy=multi_worker needs the TF_CONFIG environment variable "
+                              "(cluster spec and this worker's task)")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "tpu":
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except (ValueError, tf.errors.NotFoundError) as e:
+            raise ConfigError(f"strategy=tpu: no TPU available here ({e})") from None
+        return tf.distribute.TPUStrategy(resolver)
+    raise ConfigError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
+
+
+def cluster_resolver(strategy: tf.distribute.Strategy | None):
+    """The cluster resolver of a multi-worker strategy; None for any other strategy."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    return getattr(strategy, "cluster_resolver", None)
+
+
+def _chief_of(task_type: str | None, task_id: int | None, cluster: dict) -> bool:
+    if not task_type:
+        return True  # not part of a cluster
+    if task_type == "chief":
+        return True
+    return task_type == "worker" and not task_id and "chief" not in cluster
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy | None) -> bool:
+    """True under a `MultiWorkerMirroredStrategy` whose cluster has several workers."""
+    resolver = cluster_resolver(strategy)
+    if resolver is None:
+        return False
+    cluster = resolver.cluster_spec().as_dict()
+    return sum(len(cluster.get(k, ())) for k in ("chief", "worker")) > 1
+
+
+def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
+    """Whether this process writes the run directory.
+
+    Under a multi-worker strategy: task type "chief", or worker 0 when the
+    cluster has no chief (`strategy.cluster_resolver`).  Without a strategy
+    the `TF_CONFIG` environment variable decides (no TF_CONFIG: chief).
+    Every other strategy runs in one process, which is the chief.
+    """
+    if strategy is not None:
+        resolver = cluster_resolver(strategy)
+        if resolver is None:
+            return True
+        return _chief_of(resolver.task_type, resolver.task_id,
+                         resolver.cluster_spec().as_dict())
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return True
+    try:
+        tf_config = json.loads(raw)
+        task = tf_config.get("task") or {}
+        return _chief_of(task.get("type"), task.get("index"), tf_config.get("cluster") or {})
+    except (json.JSONDecodeError, AttributeError):
+        raise ConfigError(f"TF_CONFIG is not a JSON object with 'cluster' and 'task': "
+                          f"{raw[:200]!r}") from None
 
 
 def _replica_context():

@@ -53,6 +53,7 @@ import numpy as np
 import scipy.linalg
 
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.vectors import l2_normalize_rows
 
 SOLVERS = ("closed_form", "sklearn")
 _FORMAT = "tf_twobranch.cca.v1"
@@ -180,11 +181,6 @@ def _top_singular_pairs(m: np.ndarray, k: int):
     left = left[:, order]
     right = (m.T @ left) / np.where(sigma > 0, sigma, 1.0)
     return (right, sigma, left) if transpose else (left, sigma, right)
-
-
-def _l2_normalise(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, np.finfo(x.dtype).tiny)
 
 
 class CCABaseline:
@@ -325,7 +321,7 @@ class CCABaseline:
         dtype = _compute_dtype(arr)
         weights = projection * (self.canonical_correlations_ ** self.eigen_power)
         out = (arr - mean.astype(dtype)) @ weights.astype(dtype)
-        return _l2_normalise(out).astype(np.float32)
+        return l2_normalize_rows(out, dtype=None).astype(np.float32)
 
     def transform_images(self, x: np.ndarray) -> np.ndarray:
         """L2-normalised, correlation-scaled projections (n, k) of image features (float32)."""

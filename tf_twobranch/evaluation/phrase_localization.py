@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.retrieval import DEFAULT_KS, metrics_from_ranks
+from tf_twobranch.vectors import l2_normalize_rows
 
 IOU_THRESHOLD = 0.5
 
@@ -146,8 +147,8 @@ def score_phrases_with_model(model, data, batch_size: int = 1024,
     proposals = np.flatnonzero(~data.region_is_gt)
     region_slot = np.full(len(data.region_is_gt), -1, np.int64)
     region_slot[proposals] = np.arange(len(proposals))
-    region_embeds = _l2_normalise(model.embed_images(np.asarray(data.region_features[proposals]), batch_size))
-    phrase_embeds = _l2_normalise(model.embed_texts(np.asarray(data.phrase_features), batch_size))
+    region_embeds = l2_normalize_rows(model.embed_images(np.asarray(data.region_features[proposals]), batch_size))
+    phrase_embeds = l2_normalize_rows(model.embed_texts(np.asarray(data.phrase_features), batch_size))
     slots = np.where(valid, region_slot[region_table], 0)
     num_phrases, width = slots.shape
     scores = np.full((num_phrases, width), -np.inf, np.float32)
@@ -198,8 +199,3 @@ def _group_by(groups: np.ndarray, num_groups: int) -> list[np.ndarray]:
     order = np.argsort(groups, kind="stable")
     bounds = np.searchsorted(groups[order], np.arange(num_groups + 1))
     return [order[bounds[g]:bounds[g + 1]] for g in range(num_groups)]
-
-
-def _l2_normalise(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)

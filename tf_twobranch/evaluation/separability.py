@@ -13,15 +13,11 @@ import os
 import numpy as np
 
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.vectors import l2_normalize_rows
 
 __all__ = ["pair_similarities", "separability_indicator", "plot_similarity_histograms"]
 
 DEFAULT_BINS = 200
-
-
-def _normalise(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def pair_similarities(image_embeds, text_embeds, caption_image, *, max_negatives: int = 2_000_000,
@@ -31,7 +27,7 @@ def pair_similarities(image_embeds, text_embeds, caption_image, *, max_negatives
     Positives: every caption with its own image.  Negatives: every other
     (caption, image) pair, or a uniform sample of `max_negatives` of them.
     """
-    images, texts = _normalise(image_embeds), _normalise(text_embeds)
+    images, texts = l2_normalize_rows(image_embeds, dtype=np.float64), l2_normalize_rows(text_embeds, dtype=np.float64)
     caption_image = np.asarray(caption_image, np.int64)
     if caption_image.shape != (len(texts),):
         raise UserInputError(f"caption_image needs one image per caption ({len(texts)}), "

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tf_twobranch.batching import inference_function
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.features.images import load_image, resize, ten_crops
@@ -44,13 +45,9 @@ def _as_image(item: ImageLike, index: int) -> tuple[np.ndarray, str]:
 
 
 def _run_backbone(backbone: keras.Model, views: np.ndarray) -> np.ndarray:
-    # One traced graph per backbone (kept on it): an eager Keras call costs
-    # ~30 % more per batch of views on CPU.
-    forward = getattr(backbone, "_tf_twobranch_inference", None)
-    if forward is None:
-        forward = tf.function(lambda x: backbone(x, training=False), reduce_retracing=True)
-        backbone._tf_twobranch_inference = forward
-    outputs = forward(tf.constant(np.asarray(views, dtype=np.float32)))
+    # One traced graph per backbone: an eager Keras call costs ~30 % more per
+    # batch of views on CPU.
+    outputs = inference_function(backbone)(tf.constant(np.asarray(views, dtype=np.float32)))
     return keras.ops.convert_to_numpy(outputs).astype(np.float32)
 
 

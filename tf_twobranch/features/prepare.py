@@ -79,7 +79,8 @@ class FeatureSpec:
                                               "fisher_components", "pca_dim", "max_len", "seed")}
 
 
-def _digest(d: dict) -> str:
+def cache_digest(d: dict) -> str:
+    """A short stable hash of a JSON-able dict: names feature cache folders by what made them."""
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -131,7 +132,12 @@ def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
             for s, p in paths.items()}
 
 
-def _text_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus]):
+def sentence_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus]):
+    """Text inputs of every split (`spec.text_encoder`, fitted on the training captions), and extras.
+
+    Not cached: `prepare_retrieval_features` caches them; the precomp layout
+    calls this directly (it ships image features only).
+    """
     tokens = {s: [tokenize_caption(c) for c in corpus.captions] for s, corpus in splits.items()}
     empty = [(s, i) for s, toks in tokens.items() for i, t in enumerate(toks) if not t]
     if empty:
@@ -186,8 +192,8 @@ def prepare_retrieval_features(splits: dict[str, CaptionCorpus], images_dir, cac
     cache_dir = pathlib.Path(cache_dir)
     splits_key = {s: (c.num_images, c.num_captions, c.image_ids[0], c.image_ids[-1])
                   for s, c in splits.items()}
-    image_dir = cache_dir / f"image_{spec.image_backbone}_{_digest({**spec.image_key(), 's': splits_key})}"
-    text_dir = cache_dir / f"text_{spec.text_encoder}_{_digest({**spec.text_key(), 's': splits_key})}"
+    image_dir = cache_dir / f"image_{spec.image_backbone}_{cache_digest({**spec.image_key(), 's': splits_key})}"
+    text_dir = cache_dir / f"text_{spec.text_encoder}_{cache_digest({**spec.text_key(), 's': splits_key})}"
     image_feats, text_feats, extras = {}, {}, {}
     if not all((image_dir / f"image_features_{s}.mat").exists() for s in splits):
         start = time.time()
@@ -199,7 +205,7 @@ def prepare_retrieval_features(splits: dict[str, CaptionCorpus], images_dir, cac
                      time.time() - start)
     if not all((text_dir / f"text_features_{s}.h5").exists() for s in splits):
         start = time.time()
-        feats, extra = _text_features(spec, splits)
+        feats, extra = sentence_features(spec, splits)
         text_dir.mkdir(parents=True, exist_ok=True)
         (text_dir / "extras.json").write_text(json.dumps(extra), encoding="utf-8")
         for s, f in feats.items():

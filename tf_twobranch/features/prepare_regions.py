@@ -36,7 +36,7 @@ import numpy as np
 from absl import logging
 
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.features.prepare import IMAGE_BACKBONES, _digest, _image_path
+from tf_twobranch.features.prepare import IMAGE_BACKBONES, _image_path, cache_digest
 
 PHRASE_ENCODERS = ("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf")
 
@@ -104,7 +104,7 @@ def _proposals_source(dataset_dir: pathlib.Path, cache_dir: pathlib.Path, spec: 
     default = dataset_dir / "proposals.h5"
     if default.exists():
         return default
-    generated = cache_dir / f"proposals_generated_{spec.max_proposals}_{_digest({'ids': list(all_ids)})}.h5"
+    generated = cache_dir / f"proposals_generated_{spec.max_proposals}_{cache_digest({'ids': list(all_ids)})}.h5"
     if not generated.exists():
         from tf_twobranch.data.proposal_generator import generate_proposals_for_images
         logging.info("No proposals file: generating %d proposals for %d images into %s",
@@ -218,8 +218,8 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
     proposals_path = _proposals_source(dataset_dir, cache_dir, spec, all_ids, images_dir)
     proposals = read_split_proposals(proposals_path, ids, spec.max_proposals)
     gt = ground_truth_regions(examples)
-    region_dir = cache_dir / f"regions_{spec.image_backbone}_{_digest(_region_key(spec, proposals_path))}"
-    stem = f"{split}_{_digest({'ids': ids})}"
+    region_dir = cache_dir / f"regions_{spec.image_backbone}_{cache_digest(_region_key(spec, proposals_path))}"
+    stem = f"{split}_{cache_digest({'ids': ids})}"
     index_path = region_dir / f"{stem}_index.json"
     # Image sizes (width, height): from the cache index, else from the image headers (cheap, no decoding).
     cached_sizes = (json.loads(index_path.read_text(encoding="utf-8")).get("image_sizes")
@@ -298,7 +298,7 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
 def _phrase_key(spec: RegionFeatureSpec, train_ids: Sequence[str]) -> dict:
     return {"encoder": spec.text_encoder, "word_vectors": spec.word_vectors, "word_dim": spec.word_dim,
             "fisher_components": spec.fisher_components, "pca_dim": spec.pca_dim, "seed": spec.seed,
-            "train": _digest({"ids": list(train_ids)})}
+            "train": cache_digest({"ids": list(train_ids)})}
 
 
 def load_phrase_encoder(dataset_dir, cache_dir, spec: RegionFeatureSpec, train_examples=None):
@@ -314,7 +314,7 @@ def load_phrase_encoder(dataset_dir, cache_dir, spec: RegionFeatureSpec, train_e
     spec.validate()
     dataset_dir, cache_dir = pathlib.Path(dataset_dir), pathlib.Path(cache_dir)
     train_ids = split_image_ids(dataset_dir, "train", (spec.max_images or {}).get("train"))
-    directory = cache_dir / f"phrases_{spec.text_encoder}_{_digest(_phrase_key(spec, train_ids))}"
+    directory = cache_dir / f"phrases_{spec.text_encoder}_{cache_digest(_phrase_key(spec, train_ids))}"
     path = directory / "phrase_encoder.npz"
     if path.exists():
         return load_text_encoder(path)

@@ -90,9 +90,11 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch import distribute, losses
+from tf_twobranch.batching import in_batches, unpack_batch
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.features.backbones import build_backbone
+from tf_twobranch.vectors import l2_normalize_rows
 
 __all__ = ["DualPathConfig", "DualPathModel", "PaddingMaskedEmbedding", "build_image_cnn",
            "build_text_cnn", "build_dual_path_model", "text_stage_specs",
@@ -521,7 +523,7 @@ class DualPathModel(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
     def train_step(self, data):
-        batch = _batch_dict(data)
+        batch = unpack_batch(data)
         with tf.GradientTape() as tape:
             terms = self.compute_losses(batch, training=True)
             scaled = self.optimizer.scale_loss(terms["loss"])
@@ -531,7 +533,7 @@ class DualPathModel(keras.Model):
         return self._update_metrics(terms)
 
     def test_step(self, data):
-        return self._update_metrics(self.compute_losses(_batch_dict(data), training=False))
+        return self._update_metrics(self.compute_losses(unpack_batch(data), training=False))
 
     @property
     def metrics(self):
@@ -561,7 +563,7 @@ class DualPathModel(keras.Model):
                     features = 0.5 * (features + flipped)
                 return features
             self._embed_fns[key] = embed
-        return _in_batches(self._embed_fns[key], images.astype(np.float32), batch_size)
+        return in_batches(self._embed_fns[key], images.astype(np.float32), batch_size)
 
     def embed_texts(self, token_ids, batch_size: int = 256) -> np.ndarray:
         """f_text of int token ids (N, max_len), 0 = padding, not normalised."""
@@ -582,7 +584,7 @@ class DualPathModel(keras.Model):
             def embed(x):
                 return tf.cast(tower(x, training=False), tf.float32)
             self._embed_fns["text"] = embed
-        return _in_batches(self._embed_fns["text"], token_ids.astype(np.int32), batch_size)
+        return in_batches(self._embed_fns["text"], token_ids.astype(np.int32), batch_size)
 
     def evaluate(self, images=None, token_ids=None, caption_image=None, *, protocol: str = "full",
                  batch_size: int = 32, flip_average: bool = True,
@@ -609,8 +611,8 @@ class DualPathModel(keras.Model):
             images, token_ids, caption_image = x["image"], x["token_ids"], x["caption_image"]
         if images is None or token_ids is None or caption_image is None:
             raise UserInputError("evaluate() needs images, token_ids and caption_image")
-        image_embeds = _l2_normalise(self.embed_images(images, flip_average, batch_size))
-        text_embeds = _l2_normalise(self.embed_texts(token_ids))
+        image_embeds = l2_normalize_rows(self.embed_images(images, flip_average, batch_size))
+        text_embeds = l2_normalize_rows(self.embed_texts(token_ids))
         return retrieval.evaluate_protocol(image_embeds, text_embeds, np.asarray(caption_image),
                                            protocol, ks=ks)
 
@@ -625,34 +627,14 @@ class DualPathModel(keras.Model):
         image_identity = np.asarray(image_identity)
         if caption_identity.shape != (len(token_ids),) or image_identity.shape != (len(images),):
             raise UserInputError("caption_identity / image_identity need one id per caption / image")
-        image_embeds = _l2_normalise(self.embed_images(images, flip_average, batch_size))
-        text_embeds = _l2_normalise(self.embed_texts(token_ids))
+        image_embeds = l2_normalize_rows(self.embed_images(images, flip_average, batch_size))
+        text_embeds = l2_normalize_rows(self.embed_texts(token_ids))
         ranks = retrieval.group_ranks(text_embeds, image_embeds, caption_identity, image_identity)
         return retrieval.metrics_from_ranks(ranks, ks, prefix="t2i_")
 
 
-def _l2_normalise(x: np.ndarray) -> np.ndarray:
-    # Rows are scaled by their largest entry first so that huge features (a
-    # randomly initialised backbone) do not overflow the float32 norm.
-    x = np.asarray(x, np.float32)
-    scale = np.maximum(np.max(np.abs(x), axis=1, keepdims=True), np.float32(1e-30))
-    x = x / scale
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def _batch_dict(data):
-    if isinstance(data, (tuple, list)):
-        data = data[0]
-    return data
-
-
-def _in_batches(fn, inputs: np.ndarray, batch_size: int) -> np.ndarray:
-    if len(inputs) == 0:
-        raise UserInputError("nothing to embed: empty input")
-    if batch_size < 1:
-        raise UserInputError(f"batch_size must be positive, got {batch_size}")
-    return np.concatenate([fn(tf.constant(inputs[i:i + batch_size])).numpy()
-                           for i in range(0, len(inputs), batch_size)], axis=0)
 
 
 def build_dual_path_model(config: DualPathConfig | dict,

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch import distribute, losses
+from tf_twobranch.batching import in_batches, inference_function, unpack_batch
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.models.branches import BRANCH_LAYOUTS, build_feature_branch
@@ -263,7 +264,7 @@ class TwoBranchModel(keras.Model):
         return self.loss_from_outputs(out, batch)
 
     def train_step(self, data):
-        data = _batch_dict(data)
+        data = unpack_batch(data)
         with tf.GradientTape() as tape:
             loss = self._global_loss(data, training=True)
             # Every replica computes the same global loss; Keras sums the
@@ -281,7 +282,7 @@ class TwoBranchModel(keras.Model):
         return distribute.keras_logs({"loss": self.loss_tracker.result()})
 
     def test_step(self, data):
-        loss = self._global_loss(_batch_dict(data), training=False)
+        loss = self._global_loss(unpack_batch(data), training=False)
         self.loss_tracker.update_state(loss)
         return distribute.keras_logs({"loss": self.loss_tracker.result()})
 
@@ -291,10 +292,10 @@ class TwoBranchModel(keras.Model):
 
     # --- embedding and scoring ---------------------------------------------------
     def embed_images(self, image_features, batch_size: int = 1024) -> np.ndarray:
-        return _predict_in_batches(self.image_tower, image_features, batch_size)
+        return in_batches(inference_function(self.image_tower), image_features, batch_size)
 
     def embed_texts(self, texts, batch_size: int = 1024) -> np.ndarray:
-        return _predict_in_batches(self.text_tower, texts, batch_size)
+        return in_batches(inference_function(self.text_tower), texts, batch_size)
 
     def score_fn(self, image_embeds: np.ndarray, text_embeds: np.ndarray,
                  pair_batch: int = 262144):
@@ -361,26 +362,6 @@ class TwoBranchModel(keras.Model):
         """Sentence-to-sentence retrieval R@K (TPAMI Table 4) in the text space."""
         return retrieval.sentence_retrieval_metrics(self.embed_texts(texts, batch_size),
                                                     caption_image)
-
-
-def _batch_dict(data):
-    """The batch dict, whether Keras passed it alone or as (x, y, sample_weight)."""
-    if isinstance(data, (tuple, list)):
-        data = data[0]
-    return data
-
-
-def _predict_in_batches(tower: keras.Model, inputs, batch_size: int) -> np.ndarray:
-    inputs = np.asarray(inputs)
-    if len(inputs) == 0:
-        raise UserInputError("nothing to embed: empty input")
-    @tf.function(reduce_retracing=True)
-    def fn(x):
-        return tower(x, training=False)
-
-    out = [fn(tf.constant(inputs[i:i + batch_size])).numpy()
-           for i in range(0, len(inputs), batch_size)]
-    return np.concatenate(out, axis=0)
 
 
 def build_model(config: TwoBranchConfig | dict) -> TwoBranchModel:

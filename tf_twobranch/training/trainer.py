@@ -35,82 +35,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tf_twobranch.distribute import STRATEGIES, cluster_resolver, is_chief, is_multi_worker
 from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.json_files import write_json
 from tf_twobranch.models.two_branch import TwoBranchConfig, TwoBranchModel, build_model
-
-STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
-
-
-def get_strategy(name: str = "default") -> tf.distribute.Strategy:
-    """One flag selects the distribution strategy."""
-    if name == "default":
-        return tf.distribute.get_strategy()
-    if name == "mirrored":
-        return tf.distribute.MirroredStrategy()
-    if name == "multi_worker":
-        if "TF_CONFIG" not in os.environ:
-            raise ConfigError("strategy=multi_worker needs the TF_CONFIG environment variable "
-                              "(cluster spec and this worker's task)")
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    if name == "tpu":
-        try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-        except (ValueError, tf.errors.NotFoundError) as e:
-            raise ConfigError(f"strategy=tpu: no TPU available here ({e})") from None
-        return tf.distribute.TPUStrategy(resolver)
-    raise ConfigError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
-
-
-def _cluster_resolver(strategy: tf.distribute.Strategy | None):
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return None
-    return getattr(strategy, "cluster_resolver", None)
-
-
-def _chief_of(task_type: str | None, task_id: int | None, cluster: dict) -> bool:
-    if not task_type:
-        return True  # not part of a cluster
-    if task_type == "chief":
-        return True
-    return task_type == "worker" and not task_id and "chief" not in cluster
-
-
-def is_multi_worker(strategy: tf.distribute.Strategy | None) -> bool:
-    """True under a `MultiWorkerMirroredStrategy` whose cluster has several workers."""
-    resolver = _cluster_resolver(strategy)
-    if resolver is None:
-        return False
-    cluster = resolver.cluster_spec().as_dict()
-    return sum(len(cluster.get(k, ())) for k in ("chief", "worker")) > 1
-
-
-def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
-    """Whether this process writes the run directory.
-
-    Under a multi-worker strategy: task type "chief", or worker 0 when the
-    cluster has no chief (`strategy.cluster_resolver`).  Without a strategy
-    the `TF_CONFIG` environment variable decides (no TF_CONFIG: chief).
-    Every other strategy runs in one process, which is the chief.
-    """
-    if strategy is not None:
-        resolver = _cluster_resolver(strategy)
-        if resolver is None:
-            return True
-        return _chief_of(resolver.task_type, resolver.task_id,
-                         resolver.cluster_spec().as_dict())
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return True
-    try:
-        tf_config = json.loads(raw)
-        task = tf_config.get("task") or {}
-        return _chief_of(task.get("type"), task.get("index"), tf_config.get("cluster") or {})
-    except (json.JSONDecodeError, AttributeError):
-        raise ConfigError(f"TF_CONFIG is not a JSON object with 'cluster' and 'task': "
-                          f"{raw[:200]!r}") from None
-
 
 def _gather_over_workers(strategy: tf.distribute.Strategy, value: int) -> list[int]:
     """`value` of every replica of the cluster (a collective: every worker must call it)."""
@@ -172,15 +100,6 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int) -> keras.optimizers.O
     return keras.optimizers.SGD(lr, momentum=0.9, weight_decay=cfg.weight_decay or None)
 
 
-def write_json_atomic(path, payload):
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, sort_keys=True, default=str)
-    os.replace(tmp, path)
-
-
 def prepare_run_dir(run_dir, run_config: dict,
                     strategy: tf.distribute.Strategy | None = None) -> pathlib.Path:
     """Writes run_config.json; a leftover backup of a *different* run is discarded.
@@ -205,7 +124,7 @@ def prepare_run_dir(run_dir, run_config: dict,
             logging.warning("%s: discarding the backup of an unfinished run with a different "
                             "configuration", run_dir)
             shutil.rmtree(backup)
-    write_json_atomic(config_path, run_config)
+    write_json(config_path, run_config)
     return run_dir
 
 
@@ -453,7 +372,7 @@ class TrainingBackup(keras.callbacks.Callback):
             "metrics": [[v.numpy().tolist() for v in m.variables] for m in self.model.metrics],
             "history": self.history,
         }
-        write_json_atomic(self.state_path, state)
+        write_json(self.state_path, state)
         for old in self.directory.glob("step_*.weights.h5"):
             if old.name != name:
                 old.unlink(missing_ok=True)
@@ -559,7 +478,7 @@ def train(model: TwoBranchModel, dataset, cfg: TrainConfig, run_dir,
         return _train(model, dataset, cfg, run_dir, run_dir, strategy, multi_worker,
                       steps_per_epoch=steps_per_epoch, extra_callbacks=extra_callbacks,
                       initial_epoch=initial_epoch, epochs=epochs)
-    resolver = _cluster_resolver(strategy)
+    resolver = cluster_resolver(strategy)
     write_dir = pathlib.Path(tempfile.mkdtemp(
         prefix=f"tf_twobranch_{resolver.task_type}{resolver.task_id}_"))
     try:

@@ -52,11 +52,6 @@ def read_json(path: str | os.PathLike) -> Any:
                               line=e.lineno) from None
 
 
-def write_json(path: str | os.PathLike, value: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, ensure_ascii=False)
-
-
 def require_keys(path, record: Any, keys: tuple[str, ...], where: str) -> None:
     """Raises DataFormatError when the JSON object `record` lacks one of `keys`."""
     if not isinstance(record, dict):

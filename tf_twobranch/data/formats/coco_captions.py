@@ -19,7 +19,8 @@ import dataclasses
 import os
 
 from tf_twobranch.data.corpus import CaptionCorpus
-from tf_twobranch.data.formats._common import read_json, require_keys, write_json
+from tf_twobranch.data.formats._common import read_json, require_keys
+from tf_twobranch.json_files import write_json
 from tf_twobranch.errors import DataFormatError
 
 
@@ -104,4 +105,5 @@ def write_coco_captions(path: str | os.PathLike, corpus: CaptionCorpus, *,
         images.append(record)
     annotations = [{"id": i + 1, "image_id": numeric_ids[index], "caption": caption}
                    for i, (caption, index) in enumerate(zip(corpus.captions, corpus.caption_image.tolist()))]
-    write_json(path, {"info": {}, "licenses": [], "images": images, "annotations": annotations})
+    write_json(path, {"info": {}, "licenses": [], "images": images, "annotations": annotations},
+               compact=True)

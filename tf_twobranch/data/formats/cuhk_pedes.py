@@ -19,7 +19,8 @@ import os
 import numpy as np
 
 from tf_twobranch.data.corpus import CaptionCorpus
-from tf_twobranch.data.formats._common import read_json, require_keys, write_json
+from tf_twobranch.data.formats._common import read_json, require_keys
+from tf_twobranch.json_files import write_json
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import DataFormatError
 
@@ -123,4 +124,4 @@ def write_cuhk_pedes(path: str | os.PathLike, splits: dict[str, PedesSplit]) -> 
             records.append({"split": split, "captions": captions, "file_path": image_id,
                             "processed_tokens": [tokenize_caption(c) for c in captions],
                             "id": int(identity)})
-    write_json(path, records)
+    write_json(path, records, compact=True)

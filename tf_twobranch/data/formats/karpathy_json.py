@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 
 from tf_twobranch.data.corpus import CaptionCorpus
-from tf_twobranch.data.formats._common import (read_json, require_keys, strip_image_extension,
-                                               write_json)
+from tf_twobranch.data.formats._common import read_json, require_keys, strip_image_extension
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import DataFormatError
+from tf_twobranch.json_files import write_json
 
 SPLITS = ("train", "val", "test", "restval")
 
@@ -130,4 +130,4 @@ def write_karpathy_json(path: str | os.PathLike, corpora_by_split: dict[str, Cap
                 record["cocoid"] = cocoid
             record["sentences"] = sentences
             images.append(record)
-    write_json(path, {"images": images, "dataset": dataset})
+    write_json(path, {"images": images, "dataset": dataset}, compact=True)

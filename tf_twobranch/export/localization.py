@@ -53,9 +53,9 @@ Requests are validated inside the graph; bad ones fail with
 that is not one scalar string or not an image, proposals that are not
 (N, 4) with N >= 1, non-finite, empty (zero area) or outside the image,
 ``phrases`` that is not a non-empty (P,) batch or holds an empty
-(whitespace-only) phrase (`tf_twobranch.serving.validate_strings`). A phrase whose words are all unknown to the text
-encoder is valid: it gets the encoder's no-known-word features (see
-`tf_text_features`).
+(whitespace-only) phrase (`tf_twobranch.export.serving.validate_strings`).
+A phrase whose words are all unknown to the text encoder is valid: it gets
+the encoder's no-known-word features (see `tf_text_features`).
 """
 from __future__ import annotations
 
@@ -66,10 +66,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_twobranch import serving
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.export import save_module_atomically
+from tf_twobranch.export import serving
+from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
+from tf_twobranch.features.images import tf_decode_image
 from tf_twobranch.features.text_features import TextEncoder
 from tf_twobranch.features.tf_text_features import text_feature_layer_from_encoder
 from tf_twobranch.models.two_branch import TwoBranchModel
@@ -78,32 +79,17 @@ __all__ = ["BOX_CONVENTIONS", "decode_image_exact", "crop_regions", "RegionPhras
            "export_region_phrase_model"]
 
 BOX_CONVENTIONS = ("inclusive", "half_open")
-_IMAGE_FORMATS = "JPEG, PNG, BMP or GIF"
 
 
 def decode_image_exact(image_bytes):
     """uint8 (H, W, 3) from JPEG/PNG/BMP/GIF bytes, pixel-identical to PIL for JPEGs.
 
-    Bytes that are not an image raise InvalidArgumentError naming the
+    `tf_twobranch.features.images.tf_decode_image` (decoded at the image's
+    own size, no resize), with its errors naming the ``image_jpeg`` input:
+    bytes that are not an image raise InvalidArgumentError naming the
     expected formats.
     """
-    image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
-    is_jpeg = tf.io.is_jpeg(image_bytes)
-    is_image = tf.reduce_any(tf.stack([
-        is_jpeg,
-        tf.strings.substr(image_bytes, 0, 8) == b"\x89PNG\r\n\x1a\n",
-        tf.strings.substr(image_bytes, 0, 2) == b"BM",
-        tf.strings.substr(image_bytes, 0, 3) == b"GIF"]))
-    check = tf.debugging.assert_equal(
-        is_image, True, message=f"image_jpeg: cannot decode image; expected {_IMAGE_FORMATS} bytes")
-    with tf.control_dependencies([check]):
-        image = tf.cond(
-            is_jpeg,
-            lambda: tf.io.decode_jpeg(image_bytes, channels=3, dct_method="INTEGER_ACCURATE"),
-            lambda: tf.ensure_shape(tf.io.decode_image(image_bytes, channels=3, expand_animations=False),
-                                    [None, None, 3]))
-    image.set_shape([None, None, 3])
-    return image
+    return tf_decode_image(image_bytes, name="image_jpeg")
 
 
 def _check_proposals(proposals, height, width, box_convention: str):
@@ -192,7 +178,7 @@ class RegionPhraseServingModule(tf.Module):
                                       self.similarity_head)
 
         # Any shape: shapes are checked in the graph so that a wrong one gets
-        # an InvalidArgument error with a readable message (tf_twobranch.serving).
+        # an InvalidArgument error with a readable message (tf_twobranch.export.serving).
         image_spec = tf.TensorSpec(None, tf.string, name="image_jpeg")
         proposals_spec = tf.TensorSpec(None, tf.float32, name="proposals")
         phrases_spec = serving.string_batch_spec("phrases")
@@ -264,7 +250,7 @@ class RegionPhraseServingModule(tf.Module):
     def warmup_requests(self) -> list[tuple[str, dict]]:
         """One small valid request per signature: a grey 48x64 JPEG, two boxes, two phrases."""
         height, width = 48, 64
-        jpeg = tf.io.encode_jpeg(tf.fill([height, width, 3], tf.constant(128, tf.uint8))).numpy()
+        jpeg = warmup_jpeg(height, width)
         if self.box_convention == "inclusive":
             boxes = np.array([[0, 0, width - 1, height - 1], [8, 4, 40, 30]], np.float32)
         else:

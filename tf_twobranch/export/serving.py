@@ -1,6 +1,9 @@
 """Serving helpers shared by every SavedModel export: input specs, in-graph
 validation, batch image decoding and the TF Serving warm-up file.
 
+(``saved_model_cli`` with the tensorflow-text ops registered is the
+command-line tool `tf_twobranch.tools.saved_model_cli`.)
+
 Why the input specs have no static shape: a shape in a signature's
 `TensorSpec` is enforced *before* the graph runs, by callers that each word
 it differently (a Python ``TypeError`` "Can not cast TensorSpec" from
@@ -43,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features.images import describe_image_formats, tf_decode_image, tf_is_image_bytes
 
 __all__ = [
     "WARMUP_FILENAME",
@@ -57,12 +61,12 @@ __all__ = [
     "write_warmup_requests",
     "read_warmup_requests",
     "run_warmup_requests",
-    "run_saved_model_cli",
 ]
 
 WARMUP_FILENAME = "tf_serving_warmup_requests"
-IMAGE_FORMATS = "JPEG or PNG"
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The formats `decode_jpeg_batch` accepts (`tf_decode_image` names), and as its errors name them.
+_BATCH_FORMATS = ("JPEG", "PNG")
+IMAGE_FORMATS = describe_image_formats(_BATCH_FORMATS)   # "JPEG or PNG"
 
 
 # --------------------------------------------------------------------------
@@ -211,13 +215,14 @@ def _image_size(size) -> tuple[int, int]:
 def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
     """Decodes a (batch,) tensor of JPEG/PNG bytes to float32 RGB (batch, H, W, 3), 0..255.
 
-    Every element must start with the JPEG or PNG magic bytes; otherwise an
+    The batch wrapper of the package's one image decoder,
+    `tf_twobranch.features.images.tf_decode_image` (JPEGs with the accurate
+    integer DCT: pixels equal PIL's; grey images become RGB, alpha is
+    dropped): it adds the batch's checks and the resize. Every element must
+    start with the JPEG or PNG magic bytes; otherwise an
     `InvalidArgumentError` names `name` and the index of the first bad
-    element. JPEGs are decoded with the accurate integer DCT (pixels equal
-    PIL's, see `tf_twobranch.features.images.tf_decode_image`); grey images
-    become RGB, alpha is dropped. Each image is resized (bilinear,
-    antialiased, aspect ratio not kept) to `size` (an int or (height, width)),
-    the tower's input size. Bytes with valid magic bytes that the decoder
+    element. Each image is resized (bilinear, antialiased, aspect ratio not
+    kept) to `size` (an int or (height, width)), the tower's input size. Bytes with valid magic bytes that the decoder
     rejects (a truncated file, a corrupt body) raise an
     `InvalidArgumentError` naming `name`, the index of the first such
     element and how many there are, instead of the decoder's anonymous
@@ -229,9 +234,7 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
     checks = _rank_and_batch_checks(jpeg_bytes, 1, name, "(batch,) of encoded image bytes")
     with tf.control_dependencies(checks):
         flat = tf.reshape(jpeg_bytes, [-1])
-        is_jpeg = tf.strings.substr(flat, 0, 3) == b"\xff\xd8\xff"
-        is_png = tf.strings.substr(flat, 0, 8) == _PNG_MAGIC
-        bad = tf.logical_not(tf.logical_or(is_jpeg, is_png))
+        bad = tf.logical_not(tf_is_image_bytes(flat, _BATCH_FORMATS))
         checks.append(tf.debugging.Assert(
             tf.logical_not(tf.reduce_any(bad)),
             [f"{name}: cannot decode image; expected {IMAGE_FORMATS} bytes "
@@ -243,11 +246,8 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
     count = tf.shape(flat, out_type=tf.int64)[0]
 
     def decode_one(data):
-        image = tf.cond(
-            tf.strings.substr(data, 0, 3) == b"\xff\xd8\xff",
-            lambda: tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE"),
-            lambda: tf.io.decode_png(data, channels=3))
-        image.set_shape([None, None, 3])
+        # The magic bytes were checked above, for the whole batch.
+        image = tf_decode_image(data, check_format=False)
         resized = tf.image.resize(tf.cast(image, tf.float32), [height, width], method="bilinear",
                                   antialias=True)
         return tf.clip_by_value(resized, 0.0, 255.0)
@@ -470,30 +470,3 @@ def run_warmup_requests(signatures: Mapping[str, object],
                 for spec in specs]
         outputs.append({k: v.numpy() for k, v in function(*args).items()})
     return outputs
-
-
-# --------------------------------------------------------------------------
-# saved_model_cli with the tensorflow-text ops registered.
-
-
-def run_saved_model_cli(argv: Sequence[str]) -> None:
-    """Runs TensorFlow's ``saved_model_cli`` after ``import tensorflow_text``.
-
-    Plain ``saved_model_cli run`` cannot load graphs with in-graph
-    tokenization (``Op type not registered``): this entry point registers
-    the tensorflow-text ops first. Used as
-    ``python -m tf_twobranch.serving run --dir D --tag_set serve ...``.
-    """
-    import sys
-
-    import tensorflow_text  # noqa: F401  (registers the custom ops)
-    from tensorflow.python.tools import saved_model_cli
-
-    sys.argv = ["saved_model_cli", *argv]
-    saved_model_cli.main()
-
-
-if __name__ == "__main__":
-    import sys
-
-    run_saved_model_cli(sys.argv[1:])

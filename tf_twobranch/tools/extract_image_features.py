@@ -2,7 +2,7 @@ r"""Extracts whole-image CNN features for the images of a split.
 
 Example (the paper's setting, §5.3: VGG-19 fc7 averaged over ten crops):
 
-  python -m tf_twobranch.features.extract_image_features \
+  python -m tf_twobranch.tools.extract_image_features \
       --images_dir=flickr30k-images --image_ids=test.txt --backbone=vgg19 \
       --weights=vgg19_weights_tf_dim_ordering_tf_kernels.h5 --ten_crop \
       --out=test_vgg19.mat

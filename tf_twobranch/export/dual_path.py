@@ -1,6 +1,6 @@
 """SavedModel export of a dual-path CNN: JPEG bytes and raw strings in.
 
-Signatures (validated in the graph, see `tf_twobranch.serving`):
+Signatures (validated in the graph, see `tf_twobranch.export.serving`):
 
 * ``embed_images(image_jpeg: string[batch])`` → ``image_embedding`` — the
   image decoded, resized to the training crop size (the test protocol's
@@ -24,9 +24,9 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tf_twobranch import serving
 from tf_twobranch.data.text_codes import TokenCoder
-from tf_twobranch.export import TowerServingModule, _warmup_jpeg, save_module_atomically
+from tf_twobranch.export import serving
+from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.models.dual_path import DualPathModel
 
 __all__ = ["DualPathServingModule", "export_dual_path"]
@@ -100,7 +100,7 @@ class DualPathServingModule(TowerServingModule):
     def warmup_requests(self) -> list[tuple[str, dict]]:
         known = [w for w in self.vocabulary[2:6]] or ["a"]
         texts = [" ".join(known), known[0]]
-        images = [_warmup_jpeg(self.image_size, self.image_size)] * 2
+        images = [warmup_jpeg(self.image_size, self.image_size)] * 2
         both = {"image_jpeg": images, "captions": texts}
         return [("embed_images", {"image_jpeg": images}), ("embed_texts", {"captions": texts}),
                 ("score", both), ("serving_default", both)]

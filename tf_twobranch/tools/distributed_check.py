@@ -14,7 +14,7 @@ Usage (one worker of two)::
 
     TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:23456", "127.0.0.1:23457"]},
                 "task": {"type": "worker", "index": 0}}' \\
-    python -m tf_twobranch.training.distributed_check --strategy=multi_worker --out=w0.npz
+    python -m tf_twobranch.tools.distributed_check --strategy=multi_worker --out=w0.npz
 
 `--strategy=mirrored --cpu_replicas=2` splits this machine's CPU into two
 logical devices, for a single-process check.
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     from tf_twobranch import distribute
     from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
     from tf_twobranch.sampling import image_sentence as sampling
-    from tf_twobranch.training.trainer import get_strategy
+    from tf_twobranch.distribute import get_strategy
 
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(args.seed)

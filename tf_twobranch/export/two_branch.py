@@ -17,7 +17,7 @@ The SavedModel has one signature per tower and one for scoring:
   otherwise).
 * ``serving_default`` = ``score``.
 
-Every input is validated inside the graph (`tf_twobranch.serving`): wrong
+Every input is validated inside the graph (`tf_twobranch.export.serving`): wrong
 rank or feature dimension, an empty batch, NaN/inf features, empty or
 whitespace-only captions and bytes that are not a JPEG/PNG fail with an
 ``InvalidArgumentError`` naming the input and what was expected. The run's
@@ -31,34 +31,20 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
-from typing import Mapping, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_twobranch import serving
 from tf_twobranch.errors import ConfigError
+from tf_twobranch.export import serving
+from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.models.text_towers import build_string_text_tower
 from tf_twobranch.models.two_branch import TwoBranchModel
 
-__all__ = ["TwoBranchServingModule", "save_module_atomically", "export_saved_model"]
+__all__ = ["TwoBranchServingModule", "export_saved_model"]
 
 WARMUP_CAPTION = "a photo of a dog"
-
-
-def _warmup_jpeg(height: int, width: int) -> bytes:
-    """A small grey JPEG: a real, decodable image for warm-up requests."""
-    return tf.io.encode_jpeg(tf.fill([height, width, 3], tf.constant(128, tf.uint8))).numpy()
-
-
-class TowerServingModule(tf.Module):
-    """Base of the image–text exports: the four signatures every tower pair serves."""
-
-    def signatures(self) -> dict:
-        return {"serving_default": self.score, "score": self.score,
-                "embed_images": self.embed_images, "embed_texts": self.embed_texts}
 
 
 class TwoBranchServingModule(TowerServingModule):
@@ -157,7 +143,7 @@ class TwoBranchServingModule(TowerServingModule):
     def warmup_requests(self) -> list[tuple[str, dict]]:
         """One small valid request per signature (two images, two texts)."""
         if self.image_backbone is not None:
-            images = [_warmup_jpeg(self.image_size, self.image_size)] * 2
+            images = [warmup_jpeg(self.image_size, self.image_size)] * 2
         else:
             images = np.zeros((2, self.image_dim), np.float32)
         texts = ([WARMUP_CAPTION, "a man rides a horse"] if self.text_input == "captions"
@@ -165,42 +151,6 @@ class TwoBranchServingModule(TowerServingModule):
         both = {self.image_input: images, self.text_input: texts}
         return [("embed_images", {self.image_input: images}), ("embed_texts", {self.text_input: texts}),
                 ("score", both), ("serving_default", both)]
-
-
-def save_module_atomically(module: tf.Module, export_dir, run_config: dict, *, overwrite: bool = True,
-                           warmup_requests: Sequence[tuple[str, Mapping[str, object]]] | None = None,
-                           model_name: str = "") -> pathlib.Path:
-    """Writes `module` with its signatures, `assets.extra/run_config.json` and the warm-up file.
-
-    `module.signatures()` gives the signatures. Warm-up requests (default:
-    ``module.warmup_requests()`` when the module has that method) are run
-    through the signatures first — TF Serving refuses a model whose warm-up
-    fails — then written with `tf_twobranch.serving.write_warmup_requests`.
-    The SavedModel is written next to `export_dir` and renamed into place,
-    so a reader (or TF Serving polling the folder) never sees a half-written one.
-    """
-    export_dir = pathlib.Path(export_dir)
-    if export_dir.exists():
-        if not overwrite:
-            raise FileExistsError(f"{export_dir} exists")
-        shutil.rmtree(export_dir)
-    tmp = export_dir.with_name(export_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    signatures = module.signatures()
-    if warmup_requests is None and hasattr(module, "warmup_requests"):
-        warmup_requests = module.warmup_requests()
-    if warmup_requests:
-        serving.run_warmup_requests(signatures, warmup_requests)
-    tf.saved_model.save(module, str(tmp), signatures=signatures)
-    extra = tmp / "assets.extra"
-    extra.mkdir(exist_ok=True)
-    (extra / "run_config.json").write_text(
-        json.dumps(run_config, indent=2, sort_keys=True, default=str), encoding="utf-8")
-    if warmup_requests:
-        serving.write_warmup_requests(tmp, warmup_requests, model_name=model_name)
-    tmp.rename(export_dir)
-    return export_dir
 
 
 def export_saved_model(model: TwoBranchModel, export_dir, *, text_encoder=None,

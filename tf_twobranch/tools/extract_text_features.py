@@ -7,7 +7,7 @@ caption-corpus order (captions of one image adjacent).
 
 Example (the papers' setting: HGLMM FV of word2vec, 30 components, PCA 6000):
 
-  python -m tf_twobranch.features.extract_text_features \
+  python -m tf_twobranch.tools.extract_text_features \
       --captions=results_20130124.token \
       --train_split=flickr30k_entities/train.txt \
       --splits=flickr30k_entities/val.txt,flickr30k_entities/test.txt \

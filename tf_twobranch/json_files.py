@@ -1,0 +1,51 @@
+"""Writing JSON files: whole or not at all.
+
+Every JSON file the package writes (run configurations, results, benchmark
+reports, generated dataset files) goes through `write_json`: the text is
+written to a temporary file beside the target and renamed over it, so a
+reader (another worker, a resumed run, a test process) never sees half a
+file. NumPy scalars and arrays are written as numbers and lists.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+import numpy as np
+
+__all__ = ["write_json"]
+
+
+def _plain(value: Any):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def write_json(path: str | os.PathLike, payload: Any, *, compact: bool = False) -> pathlib.Path:
+    """Writes `payload` to `path` atomically; returns the path.
+
+    Default: indented with sorted keys (run records, reports). `compact`:
+    one line, keys in their order, non-ASCII kept (dataset files in the
+    layouts of the original datasets).
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if compact:
+        text = json.dumps(payload, ensure_ascii=False, default=_plain)
+    else:
+        text = json.dumps(payload, indent=2, sort_keys=True, default=_plain) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
