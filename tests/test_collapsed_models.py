@@ -171,7 +171,7 @@ def test_dual_path_constant_inputs_score_at_or_below_chance():
     texts = model.embed_texts(tokens)
     for pixels in (0.0, 128.0):
         images = np.full((num_images, 32, 32, 3), pixels, np.float32)
-        metrics = model.evaluate(images, tokens, caption_image)
+        metrics = model.evaluate({"image": images, "text": tokens, "caption_image": caption_image})
         assert_at_or_below_chance(metrics, caption_image, num_images)
         embeds = model.embed_images(images)
         if (embeds == embeds[:1]).all() and (texts == texts[:1]).all():

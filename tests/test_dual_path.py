@@ -241,16 +241,25 @@ def test_evaluate_calls_the_shared_core(fixed_model, monkeypatch):
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
     want = retrieval.evaluate_protocol(unit(image_feats), unit(text_feats), caption_image)
     data = tiny_batch(n=5)
-    assert fixed_model.evaluate(data["image"], data["token_ids"], caption_image) == pytest.approx(want)
-    assert fixed_model.evaluate({"image": data["image"], "token_ids": data["token_ids"],
-                                 "caption_image": caption_image}) == pytest.approx(want)
+    split = {"image": data["image"], "text": data["token_ids"], "caption_image": caption_image}
+    assert fixed_model.evaluate(split) == pytest.approx(want)
+
+    class Split:  # any object with the three attributes
+        image, text = data["image"], data["token_ids"]
+    Split.caption_image = caption_image
+    assert fixed_model.evaluate(Split()) == pytest.approx(want)
     identity = np.array([0, 0, 1, 1, 2])
     t2i = fixed_model.evaluate_text_to_image(data["image"], np.zeros((7, LEN), np.int32),
                                              identity[caption_image], identity)
     ranks = retrieval.group_ranks(unit(text_feats), unit(image_feats), identity[caption_image], identity)
     assert t2i == pytest.approx(retrieval.metrics_from_ranks(ranks, prefix="t2i_"))
     with pytest.raises(UserInputError, match="needs"):
-        fixed_model.evaluate(data["image"], None, caption_image)
+        fixed_model.evaluate({**split, "text": None})
+    with pytest.raises(UserInputError, match="lacks"):
+        fixed_model.evaluate({"image": data["image"], "token_ids": data["token_ids"],
+                              "caption_image": caption_image})
+    with pytest.raises(UserInputError, match="does not take"):   # refused, not ignored
+        fixed_model.evaluate(split, normalise=False)
 
 
 def test_mixed_bfloat16_step():

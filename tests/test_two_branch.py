@@ -145,3 +145,30 @@ def test_embedding_traces_each_tower_once(caplog):
         # Full batches of 4 and the last batch of 2: at most two traces, once.
         assert inference_function(tower).experimental_get_tracing_count() <= 2
     assert "retracing" not in caplog.text
+
+
+def test_evaluate_refuses_arguments_that_do_not_apply_and_keeps_the_protocol(monkeypatch):
+    """The similarity network's scores go through the protocol's folds like the embedding network's."""
+    img, txt, cap_img = synthetic(num_images=40)
+    split = {"image": img, "text": txt, "caption_image": cap_img}
+    # coco_1k's folds, scaled to this test: 4 folds of 10 images.
+    monkeypatch.setitem(retrieval.PROTOCOLS, "coco_1k", retrieval.Protocol("coco_1k", 10, 4))
+    for kind in ("embedding", "similarity"):
+        model = build_model(tiny_config(kind=kind))
+        with pytest.raises(UserInputError, match="does not take"):
+            model.evaluate(split, flip_average=True)
+        image_embeds, text_embeds = model.embed_images(img), model.embed_texts(txt)
+        folds = []
+        for f in range(4):
+            sel = (cap_img >= 10 * f) & (cap_img < 10 * (f + 1))
+            if kind == "embedding":
+                folds.append(retrieval.retrieval_metrics(image_embeds[10 * f:10 * (f + 1)],
+                                                         text_embeds[sel], cap_img[sel] - 10 * f))
+            else:
+                i2t, t2i = retrieval.ranks_from_score_fn(
+                    model.score_fn(image_embeds[10 * f:10 * (f + 1)], text_embeds[sel]), 10,
+                    cap_img[sel] - 10 * f)
+                folds.append(retrieval.retrieval_metrics_from_ranks(i2t, t2i))
+        want = {k: np.mean([m[k] for m in folds]) for k in folds[0]}
+        assert model.evaluate(split, protocol="coco_1k") == pytest.approx(want)
+        assert model.evaluate(split) != pytest.approx(want)  # the folds are not the whole set

@@ -356,23 +356,38 @@ PROTOCOLS = {
 
 
 def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = "full", *,
-                      ks=DEFAULT_KS, chunk_size: int = DEFAULT_CHUNK) -> dict:
+                      ks=DEFAULT_KS, chunk_size: int = DEFAULT_CHUNK,
+                      score_fn_factory: Callable | None = None) -> dict:
     """Metrics under a named protocol.
 
     "coco_1k" averages five consecutive 1,000-image folds (and their
     captions) of the 5K test set; "coco_5k", "flickr30k_1k" and "full" use
     the whole given test set as one gallery.
+
+    Models whose score is not a dot product of the two embeddings (the
+    similarity network) pass `score_fn_factory(image_embeds, text_embeds)`,
+    which returns a `ranks_from_score_fn` scorer for those rows; every fold
+    is then ranked through it. The embeddings may then be any per-item
+    arrays the factory understands.
     """
     if protocol not in PROTOCOLS:
         raise UserInputError(f"unknown protocol {protocol!r}; expected one of "
                              f"{sorted(PROTOCOLS)}")
     spec = PROTOCOLS[protocol]
-    image_embeds = np.asarray(image_embeds, np.float32)
-    text_embeds = np.asarray(text_embeds, np.float32)
+    if score_fn_factory is None:
+        image_embeds = np.asarray(image_embeds, np.float32)
+        text_embeds = np.asarray(text_embeds, np.float32)
     caption_image = np.asarray(caption_image, np.int32)
+
+    def metrics(images, texts, groups):
+        if score_fn_factory is None:
+            return retrieval_metrics(images, texts, groups, ks=ks, chunk_size=chunk_size)
+        i2t, t2i = ranks_from_score_fn(score_fn_factory(images, texts), len(images), groups,
+                                       chunk_size=chunk_size)
+        return retrieval_metrics_from_ranks(i2t, t2i, ks)
+
     if spec.fold_images is None:
-        return retrieval_metrics(image_embeds, text_embeds, caption_image, ks=ks,
-                                 chunk_size=chunk_size)
+        return metrics(image_embeds, text_embeds, caption_image)
     num_folds = spec.num_folds or len(image_embeds) // spec.fold_images
     available = len(image_embeds) // spec.fold_images
     if available < 1:
@@ -387,9 +402,7 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
     for f in range(num_folds):
         lo, hi = f * spec.fold_images, (f + 1) * spec.fold_images
         sel = (caption_image >= lo) & (caption_image < hi)
-        fold_metrics.append(retrieval_metrics(image_embeds[lo:hi], text_embeds[sel],
-                                              caption_image[sel] - lo, ks=ks,
-                                              chunk_size=chunk_size))
+        fold_metrics.append(metrics(image_embeds[lo:hi], text_embeds[sel], caption_image[sel] - lo))
     return {key: float(np.mean([m[key] for m in fold_metrics])) for key in fold_metrics[0]}
 
 

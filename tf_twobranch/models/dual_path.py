@@ -94,6 +94,7 @@ from tf_twobranch.batching import in_batches, unpack_batch
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.features.backbones import build_backbone
+from tf_twobranch.models.evaluation_input import reject_unused_arguments, retrieval_split
 from tf_twobranch.vectors import l2_normalize_rows
 
 __all__ = ["DualPathConfig", "DualPathModel", "PaddingMaskedEmbedding", "build_image_cnn",
@@ -586,31 +587,25 @@ class DualPathModel(keras.Model):
             self._embed_fns["text"] = embed
         return in_batches(self._embed_fns["text"], token_ids.astype(np.int32), batch_size)
 
-    def evaluate(self, images=None, token_ids=None, caption_image=None, *, protocol: str = "full",
-                 batch_size: int = 32, flip_average: bool = True,
-                 ks: Sequence[int] = retrieval.DEFAULT_KS, **kwargs) -> dict:
+    def evaluate(self, x=None, y=None, *, protocol: str = "full", batch_size: int = 32,
+                 flip_average: bool = True, ks: Sequence[int] = retrieval.DEFAULT_KS,
+                 **kwargs) -> dict:
         """Image↔text retrieval metrics (cosine) via `retrieval.evaluate_protocol`.
 
-        `images` (num_images, S, S, 3), `token_ids` (num_captions, L) and
-        `caption_image` (num_captions,); or a dict with keys ``image``,
-        ``token_ids`` and ``caption_image`` as the first argument.
-        Given a `tf.data.Dataset` of training-style batches (as `fit` passes
-        validation data, ``x=``), this is Keras' `evaluate`: the loss terms
-        of `test_step`.
+        `x` is a dict (or an object with those attributes) with ``image``
+        float RGB 0..255 images (num_images, S, S, 3), ``text`` token ids
+        (num_captions, L) and ``caption_image`` (num_captions,), as for every
+        model (`models.evaluation_input`). Given a `tf.data.Dataset` of
+        training-style batches (as `fit` passes validation data), this is
+        Keras' `evaluate`: the loss terms of `test_step`.
         """
-        if images is None and "x" in kwargs:
-            images = kwargs.pop("x")
-        if isinstance(images, tf.data.Dataset):
+        if isinstance(x, tf.data.Dataset):
             kwargs.setdefault("return_dict", True)
-            return super().evaluate(images, **kwargs)
-        if isinstance(images, dict):
-            x = images
-            missing = {"image", "token_ids", "caption_image"} - set(x)
-            if missing:
-                raise UserInputError(f"evaluate() data lacks {sorted(missing)}")
-            images, token_ids, caption_image = x["image"], x["token_ids"], x["caption_image"]
-        if images is None or token_ids is None or caption_image is None:
-            raise UserInputError("evaluate() needs images, token_ids and caption_image")
+            return super().evaluate(x, y, **kwargs)
+        reject_unused_arguments(kwargs, type(self).__name__)
+        images, token_ids, caption_image = retrieval_split(x)
+        if images is None or token_ids is None:
+            raise UserInputError("evaluate() needs the 'image' and 'text' arrays, got None")
         image_embeds = l2_normalize_rows(self.embed_images(images, flip_average, batch_size))
         text_embeds = l2_normalize_rows(self.embed_texts(token_ids))
         return retrieval.evaluate_protocol(image_embeds, text_embeds, np.asarray(caption_image),
@@ -631,10 +626,6 @@ class DualPathModel(keras.Model):
         text_embeds = l2_normalize_rows(self.embed_texts(token_ids))
         ranks = retrieval.group_ranks(text_embeds, image_embeds, caption_identity, image_identity)
         return retrieval.metrics_from_ranks(ranks, ks, prefix="t2i_")
-
-
-
-
 
 
 def build_dual_path_model(config: DualPathConfig | dict,

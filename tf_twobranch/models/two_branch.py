@@ -23,9 +23,10 @@ import tensorflow as tf
 
 from tf_twobranch import distribute, losses
 from tf_twobranch.batching import in_batches, inference_function, unpack_batch
-from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.models.branches import BRANCH_LAYOUTS, build_feature_branch
+from tf_twobranch.models.evaluation_input import reject_unused_arguments, retrieval_split
 from tf_twobranch.models.text_towers import build_lstm_text_tower
 
 MODEL_KINDS = ("embedding", "similarity")
@@ -329,34 +330,29 @@ class TwoBranchModel(keras.Model):
         return score
 
     def evaluate(self, x=None, y=None, *, protocol: str = "full", batch_size: int = 1024,
-                 ks: Sequence[int] = retrieval.DEFAULT_KS, return_dict: bool = True,
-                 **kwargs) -> dict:
+                 ks: Sequence[int] = retrieval.DEFAULT_KS, **kwargs) -> dict:
         """Image–text retrieval metrics on a test split via the shared core.
 
         `x` is a dict with ``image`` (num_images, ...) inputs, ``text``
         (num_captions, ...) inputs and ``caption_image`` (num_captions,) —
         as returned by `tf_twobranch.data.retrieval_data.RetrievalSplit.as_dict()`
-        — or any object with those attributes. Returns R@K in both
-        directions, median/mean rank and rsum, the same numbers as
-        `tf_twobranch.evaluation.retrieval` on the model's embeddings.
+        — or any object with those attributes (`models.evaluation_input`).
+        Returns R@K in both directions, median/mean rank and rsum under
+        `protocol`, the same numbers as `tf_twobranch.evaluation.retrieval`
+        on the model's embeddings (through the similarity head's scores for
+        the similarity network). A `tf.data.Dataset` of training batches
+        gives Keras' loss evaluation instead.
         """
-        if x is None:
-            raise UserInputError("evaluate() needs the test data: a dict with "
-                                 "'image', 'text' and 'caption_image'")
-        if not isinstance(x, dict):
-            x = {k: getattr(x, k) for k in ("image", "text", "caption_image")}
-        missing = {"image", "text", "caption_image"} - set(x)
-        if missing:
-            raise UserInputError(f"evaluate() data lacks {sorted(missing)}")
-        image_embeds = self.embed_images(x["image"], batch_size)
-        text_embeds = self.embed_texts(x["text"], batch_size)
-        caption_image = np.asarray(x["caption_image"])
-        if self.similarity_head is None:
-            return retrieval.evaluate_protocol(image_embeds, text_embeds, caption_image,
-                                               protocol, ks=ks)
-        i2t, t2i = retrieval.ranks_from_score_fn(
-            self.score_fn(image_embeds, text_embeds), len(image_embeds), caption_image)
-        return retrieval.retrieval_metrics_from_ranks(i2t, t2i, ks)
+        if isinstance(x, tf.data.Dataset):
+            kwargs.setdefault("return_dict", True)
+            return super().evaluate(x, y, **kwargs)
+        reject_unused_arguments(kwargs, type(self).__name__)
+        images, texts, caption_image = retrieval_split(x)
+        image_embeds = self.embed_images(images, batch_size)
+        text_embeds = self.embed_texts(texts, batch_size)
+        return retrieval.evaluate_protocol(
+            image_embeds, text_embeds, caption_image, protocol, ks=ks,
+            score_fn_factory=None if self.similarity_head is None else self.score_fn)
 
     def sentence_retrieval(self, texts, caption_image, batch_size: int = 1024) -> dict:
         """Sentence-to-sentence retrieval R@K (TPAMI Table 4) in the text space."""
