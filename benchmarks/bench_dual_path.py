@@ -157,14 +157,16 @@ def pipeline_child(sizes: dict = PAPER_SIZES, batches: int = 20, warmup: int = 3
     position-shifted captions, as the training stream of the experiments.
     """
     _quiet_tf()
+    from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
     from tf_twobranch.data.embedded import load_embedded_dataset
+    from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.sampling import dual_path as sampling
 
     t0 = time.perf_counter()
     dataset_dir = load_embedded_dataset()
-    data = sampling.dual_path_data_from_retrieval(dataset_dir, split="train", max_len=sizes["max_len"],
-                                                  long_captions="clip", max_images=max_images,
-                                                  validate="header")
+    data = dual_path_data_from_retrieval(resolve_dataset(dataset_dir), split="train",
+                                         max_len=sizes["max_len"], long_captions="clip",
+                                         max_images=max_images, validate="header")
     train = sampling.train_dataset(data, batch_size=sizes["batch_size"], resize_to=resize_to,
                                    crop_size=sizes["image_size"], seed=0)
     load_seconds = time.perf_counter() - t0

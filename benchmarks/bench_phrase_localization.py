@@ -101,8 +101,8 @@ def synthetic_phrase_data(num_images: int, phrases_per_image: float, num_proposa
     """
     import dataclasses
     import numpy as np
+    from tf_twobranch.data.phrase_localization_data import build_phrase_localization_data
     from tf_twobranch.data.phrases import PhraseExample
-    from tf_twobranch.sampling import phrase_localization as pl
 
     rng = np.random.default_rng(seed)
     examples, proposals, prop_feats, gt_feats = [], {}, {}, {}
@@ -141,8 +141,8 @@ def synthetic_phrase_data(num_images: int, phrases_per_image: float, num_proposa
             t += 1
     # Build with 1-d placeholder features, then put in the real-size matrices
     # (avoids the builder's per-image concatenation copy of several GB).
-    data = pl.build_phrase_localization_data(examples, proposals, prop_feats, gt_feats,
-                                             np.zeros((len(examples), 1), np.float32))
+    data = build_phrase_localization_data(examples, proposals, prop_feats, gt_feats,
+                                          np.zeros((len(examples), 1), np.float32))
     region_features = _fill_rows(np.empty((len(data.region_is_gt), region_dim), np.float32), rng)
     phrase_features = _fill_rows(np.empty((len(examples), text_dim), np.float32), rng, signed=True)
     data = dataclasses.replace(data, region_features=region_features, phrase_features=phrase_features)

@@ -92,16 +92,17 @@ def _train_missing(f) -> tuple[pathlib.Path, pathlib.Path]:
     return runs[0], runs[1]
 
 
-def sentence_phrases(dataset_dir: pathlib.Path, corpus) -> list[list[str]]:
+def sentence_phrases(layout, corpus) -> list[list[str]]:
     """Phrase strings of every caption of ``corpus``, from the Entities Sentences files (checked to match)."""
     from tf_twobranch.data.formats.flickr30k_entities import NOTVISUAL_TYPE, NULL_CHAIN_ID, read_sentence_file
     from tf_twobranch.data.tokenize import tokenize_caption
+    layout.require("entities", purpose="Table 5 (the phrases of every test sentence)")
     out: list[list[str]] = []
     cache: dict[str, list] = {}
     seen = np.zeros(len(corpus.image_ids), np.int64)
     for c, (caption, image) in enumerate(zip(corpus.captions, corpus.caption_image)):
         image_id = corpus.image_ids[image]
-        path = dataset_dir / "Sentences" / f"{image_id}.txt"
+        path = layout.entities_dir / "Sentences" / f"{image_id}.txt"
         if image_id not in cache:
             if not path.is_file():
                 raise common.UserInputError(f"{path}: Flickr30K Entities sentence file missing for test "
@@ -157,26 +158,30 @@ def run(f) -> dict:
                                     f"(got {rp_model.config.kind})")
     is_flags = _row_flags(isr.define_flags, is_config)
     rp_flags = _row_flags(pl.define_flags, rp_config)
-    dataset_dir, splits, image, text, _ = isr.load_data(is_flags)
+    layout, splits, image, text, _ = isr.load_data(is_flags)
+    dataset_dir = layout.root
     test = splits["test"]
     rp_dataset = pathlib.Path(rp_flags.dataset_dir) if rp_flags.dataset_dir else None
     if rp_dataset is not None and rp_dataset.resolve() != pathlib.Path(dataset_dir).resolve():
         raise common.UserInputError(f"the runs used different datasets: {dataset_dir} ({is_run}) and "
                                     f"{rp_dataset} ({rp_run})")
+    # The same folder, with the region-phrase run's images folder and proposals.
+    rp_layout = pl.dataset_layout(rp_flags, dataset_dir)
     cache = pathlib.Path(rp_flags.features_cache) if rp_flags.features_cache else dataset_dir / "features"
     spec = pl.feature_spec(rp_flags)
-    encoder = load_phrase_encoder(dataset_dir, cache, spec)
+    encoder = load_phrase_encoder(rp_layout, cache, spec)
     spec.max_images = {k: v for k, v in (spec.max_images or {}).items() if k != "test"} or None
-    regions = split_region_features(dataset_dir, "test", cache, spec, images_dir=rp_flags.images_dir or None)
+    regions = split_region_features(rp_layout, "test", cache, spec)
     missing = [i for i in test.image_ids if i not in regions["proposal_features"]]
     if missing:
         raise common.UserInputError(f"test image {missing[0]} of the captions is not in "
-                                    f"{dataset_dir / 'test.txt'} ({len(missing)} missing)")
+                                    f"{rp_layout.split_files.get('test', dataset_dir / 'test.txt')} "
+                                    f"({len(missing)} missing)")
     # Global model: d(x, y) on the unit sphere.
     img = l2_normalize_rows(is_model.embed_images(image["test"]))
     txt = l2_normalize_rows(is_model.embed_texts(text["test"]))
     # Region-phrase model: phrase-to-best-region distances per unique phrase string.
-    phrases = sentence_phrases(pathlib.Path(dataset_dir), test)
+    phrases = sentence_phrases(rp_layout, test)
     table: dict[str, int] = {}
     rows, cols = [], []
     for c, plist in enumerate(phrases):

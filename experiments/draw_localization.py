@@ -15,7 +15,8 @@ its features.
 
 The data folder has the Flickr30K Entities layout (``Sentences/``,
 ``Annotations/``, ``<split>.txt``), the images (``images/<id>.jpg`` unless
-``--images_dir``) and the proposals (``proposals.h5`` unless
+``--images_dir``; found as every experiment finds them,
+`tf_twobranch.data.layout`) and the proposals (``proposals.h5`` unless
 ``--proposals``); by default the embedded digit-scene dataset.
 
 Example::
@@ -202,28 +203,30 @@ def draw_localization(data_dir, out_dir, scorer: Scorer, *, image_ids: Sequence[
                       max_captions: int | None = None) -> list[pathlib.Path]:
     """Scores and draws the chosen images; returns the written PNG paths (one per image).
 
-    Images: `image_ids`, else the first `num_images` of ``<data_dir>/<split>.txt``.
-    Only phrases with a ground-truth box are drawn (the evaluation protocol).
+    The data folder is resolved once (`tf_twobranch.data.layout.resolve_dataset`,
+    with `images_dir` and `proposals_path`). Images: `image_ids`, else the
+    first `num_images` of ``<data_dir>/<split>.txt``. Only phrases with a
+    ground-truth box are drawn (the evaluation protocol).
     """
-    from tf_twobranch.data.formats.flickr30k_entities import read_entities_dataset, read_split_ids
+    from tf_twobranch.data.formats.flickr30k_entities import read_entities_dataset
     from tf_twobranch.data.formats.proposals import read_proposals
+    from tf_twobranch.data.layout import PROPOSALS_FILE_NAME, resolve_dataset
     from tf_twobranch.data.phrases import phrase_examples_from_images
     from tf_twobranch.features.images import load_image
 
-    data_dir = pathlib.Path(data_dir)
-    images_dir = pathlib.Path(images_dir) if images_dir else data_dir / "images"
-    proposals_path = pathlib.Path(proposals_path) if proposals_path else data_dir / "proposals.h5"
+    layout = resolve_dataset(data_dir, images_dir=images_dir, proposals=proposals_path)
     if not image_ids:
         if num_images < 1:
             raise ConfigError(f"num_images must be positive, got {num_images}")
-        image_ids = read_split_ids(data_dir / f"{split}.txt")[:num_images]
+        image_ids = layout.split_ids(split)[:num_images]
     image_ids = [str(i) for i in image_ids]
-    proposals = read_proposals(proposals_path, image_ids)
-    images = read_entities_dataset(data_dir, image_ids)
+    proposals = read_proposals(layout.proposals or layout.root / PROPOSALS_FILE_NAME, image_ids)
+    layout.require("entities", purpose="drawing phrase localization")
+    images = read_entities_dataset(layout.entities_dir, image_ids)
     out_dir = pathlib.Path(out_dir)
     written = []
     for image in images:
-        image_path = images_dir / f"{image.image_id}.jpg"
+        image_path = layout.image_path(image.image_id)
         pixels = load_image(image_path)
         examples, _ = phrase_examples_from_images([image])
         by_sentence: dict[int, list] = {}
@@ -264,7 +267,8 @@ def define_flags():
     flags.DEFINE_list("image_ids", None, "Image ids to draw (default: the first --num_images of --split).")
     flags.DEFINE_integer("num_images", 4, "Number of images when --image_ids is not given.")
     flags.DEFINE_string("split", "test", "Split file <data_dir>/<split>.txt to take images from.")
-    flags.DEFINE_string("images_dir", None, "Image folder (default <data_dir>/images).")
+    flags.DEFINE_string("images_dir", None, "Image folder (default <data_dir>/images, "
+                        "<data_dir>/flickr30k-images or <data_dir>).")
     flags.DEFINE_string("proposals", None, "Proposals file (default <data_dir>/proposals.h5).")
     flags.DEFINE_integer("max_captions", None, "Draw at most this many captions per image.")
 

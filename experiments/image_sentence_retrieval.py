@@ -45,7 +45,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("dataset_dir", "", "Dataset folder; empty: the embedded dataset.", **d)
     flags.DEFINE_enum("caption_format", "auto", ["auto", "karpathy", "token", "coco", "precomp"],
                       "Caption file layout of --dataset_dir.", **d)
-    flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images).", **d)
+    flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images, "
+                        "<dataset_dir>/flickr30k-images or <dataset_dir>).", **d)
     flags.DEFINE_string("features_cache", "", "Where computed features are cached "
                         "(default <dataset_dir>/features).", **d)
     for split in ("train", "test"):
@@ -112,21 +113,28 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("paper_dataset", "Flickr30K", "Dataset the paper numbers are for.", **d)
 
 
+def dataset_layout(f):
+    """The dataset folder (--dataset_dir, else the embedded dataset), resolved once."""
+    from tf_twobranch.data.embedded import load_embedded_dataset
+    from tf_twobranch.data.layout import resolve_dataset
+    dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset(with_proposals=False)
+    return resolve_dataset(dataset_dir, caption_format=f.caption_format, images_dir=f.images_dir or None)
+
+
 def load_data(f):
-    """Caption splits and model inputs (features or token ids) for train/test.
+    """The dataset layout, caption splits and model inputs (features or token ids) for train/test.
 
     A vsepp/SCAN precomp folder ({split}_caps.txt + {split}_ims.npy) supplies
     the image features (regions averaged); the text features are computed
     from its captions with --text_encoder, unless --text_features_{train,test}
     are given. --image_features_{train,test} override the precomp images.
     """
-    from tf_twobranch.data.embedded import load_embedded_dataset
     from tf_twobranch.data.formats import load_feature_matrix
-    from tf_twobranch.data.retrieval_data import (detect_caption_format, load_caption_splits,
-                                                  load_precomp_splits, precomp_split_names)
+    from tf_twobranch.data.retrieval_data import load_caption_splits, load_precomp_splits
     from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features
-    dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset(with_proposals=False)
-    precomp = detect_caption_format(dataset_dir, f.caption_format) == "precomp"
+    layout = dataset_layout(f)
+    dataset_dir = layout.root
+    precomp = layout.caption_format == "precomp"
     given = {kind: [f[f"{kind}_features_{s}"].value for s in ("train", "test")]
              for kind in ("image", "text")}
     extras = {}
@@ -141,15 +149,15 @@ def load_data(f):
                 raise common.UserInputError(f"give both --{kind}_features_train and "
                                             f"--{kind}_features_test, or neither")
         if all(given["image"]):
-            splits = load_caption_splits(dataset_dir, caption_format="precomp")
+            splits = load_caption_splits(layout)
             splits = {s: splits[s] for s in ("train", "test")}
         else:
-            splits, image = load_precomp_splits(dataset_dir, ("train", "test"))
+            splits, image = load_precomp_splits(layout, ("train", "test"))
             logging.info("precomp layout: image features from %s/{train,%s}_ims.npy "
                          "(regions averaged); --image_backbone is not used", dataset_dir,
-                         precomp_split_names(dataset_dir)["test"])
+                         layout.precomp_splits["test"])
     else:
-        splits = load_caption_splits(dataset_dir, caption_format=f.caption_format)
+        splits = load_caption_splits(layout)
         splits = {s: splits[s] for s in ("train", "test")}
         flat = given["image"] + given["text"]
         if any(flat) and not all(flat):
@@ -171,10 +179,9 @@ def load_data(f):
         logging.info("text features (%s) of the precomp captions computed in %.1f s",
                      f.text_encoder, time.time() - start)
     else:
-        images_dir = pathlib.Path(f.images_dir) if f.images_dir else dataset_dir / "images"
         cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
-        image, text, extras = prepare_retrieval_features(splits, images_dir, cache, spec)
-    return dataset_dir, splits, image, text, extras
+        image, text, extras = prepare_retrieval_features(splits, layout, cache, spec)
+    return layout, splits, image, text, extras
 
 
 def build_config(f, image_dim: int, text_dim: int, extras: dict):
@@ -219,7 +226,8 @@ def run(f) -> dict:
         logging.info("embedded dataset: using its profile defaults %s", profile)
     row_name = f.row_name or "image_sentence"
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
-    dataset_dir, splits, image, text, extras = load_data(f)
+    layout, splits, image, text, extras = load_data(f)
+    dataset_dir = layout.root
     train, test = splits["train"], splits["test"]
     record = {"row": row_name, "dataset_dir": str(dataset_dir), "flags": f.flag_values_dict(),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,

@@ -169,32 +169,38 @@ def check_dataset_dir(f) -> None:
         raise common.UserInputError(f"--dataset_dir={path}: {what}")
 
 
-def load_data(f, run_dir: pathlib.Path):
-    """Train and evaluation splits (DualPathData) and the word vectors used."""
-    from tf_twobranch.sampling import dual_path as dp
-    from tf_twobranch.data.tokenize import tokenize_caption
+def dataset_layout(f):
+    """(the dataset as given, its layout): --dataset_dir or the embedded data, resolved once.
 
-    check_dataset_dir(f)
-    kind = f.dataset_kind
-    if kind == "pedes":
+    CUHK-PEDES (--dataset_kind=pedes): --dataset_dir is the folder of
+    reid_raw.json or the file itself.
+    """
+    from tf_twobranch.data.layout import resolve_dataset
+
+    if f.dataset_kind == "pedes":
         from tf_twobranch.data.embedded_pedes import ANNOTATION_NAME, load_embedded_pedes
         folder = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_pedes()
         source = folder / ANNOTATION_NAME if folder.is_dir() else folder
+        return source, resolve_dataset(source.parent, caption_format="cuhk_pedes", captions_path=source,
+                                       images_dir=f.images_dir or None)
+    from tf_twobranch.data.embedded import load_embedded_dataset
+    source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset(with_proposals=False)
+    return source, resolve_dataset(source, caption_format=f.caption_format, images_dir=f.images_dir or None)
 
-        def split(name, vocabulary=None, word_vectors=None):
-            return dp.dual_path_data_from_pedes(
-                source, f.images_dir or None, name, vocabulary=vocabulary,
-                word_vectors=word_vectors, max_len=f.max_len, long_captions=f.long_captions,
-                max_images=_limit(f, name))
-    else:
-        from tf_twobranch.data.embedded import load_embedded_dataset
-        source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset(with_proposals=False)
 
-        def split(name, vocabulary=None, word_vectors=None):
-            return dp.dual_path_data_from_retrieval(
-                source, f.caption_format, name, images_dir=f.images_dir or None,
-                vocabulary=vocabulary, word_vectors=word_vectors, max_len=f.max_len,
-                long_captions=f.long_captions, max_images=_limit(f, name))
+def load_data(f, run_dir: pathlib.Path):
+    """Train and evaluation splits (DualPathData) and the word vectors used."""
+    from tf_twobranch.data import dual_path_data
+    from tf_twobranch.data.tokenize import tokenize_caption
+
+    check_dataset_dir(f)
+    source, layout = dataset_layout(f)
+    build = (dual_path_data.dual_path_data_from_pedes if f.dataset_kind == "pedes"
+             else dual_path_data.dual_path_data_from_retrieval)
+
+    def split(name, vocabulary=None, word_vectors=None):
+        return build(layout, name, vocabulary=vocabulary, word_vectors=word_vectors, max_len=f.max_len,
+                     long_captions=f.long_captions, max_images=_limit(f, name))
 
     word_vectors = None
     if f.word_init == "word2vec":
@@ -296,11 +302,11 @@ def _text_blocks(values):
 
 
 def build_config(f, train):
+    from tf_twobranch.data.dual_path_data import check_num_classes
     from tf_twobranch.models.dual_path import DualPathConfig
-    from tf_twobranch.sampling import dual_path as dp
 
     num_classes = f.num_classes or train.num_classes
-    dp.check_num_classes(train, num_classes)
+    check_num_classes(train, num_classes)
     return DualPathConfig(
         vocabulary_size=len(train.vocabulary), num_classes=num_classes,
         image_backbone=f.image_backbone, image_size=f.image_size,

@@ -58,7 +58,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     d = dict(flag_values=fv)
     # Data and features.
     flags.DEFINE_string("dataset_dir", "", "Flickr30K Entities-style folder; empty: the embedded dataset.", **d)
-    flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images).", **d)
+    flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images, "
+                        "<dataset_dir>/flickr30k-images or <dataset_dir>).", **d)
     flags.DEFINE_string("features_cache", "", "Feature cache (default <dataset_dir>/features).", **d)
     flags.DEFINE_string("proposals", "", "Proposals file/folder (default <dataset_dir>/proposals.h5, "
                         "generated with the built-in generator when absent).", **d)
@@ -139,17 +140,24 @@ def feature_spec(f):
                              seed=f.seed)
 
 
-def load_data(f):
-    """(dataset_dir, {"train": PhraseLocalizationData, "test": ...})."""
+def dataset_layout(f, dataset_dir=None):
+    """The dataset folder (`dataset_dir`, else --dataset_dir, else the embedded dataset with its
+    proposals), resolved once with --images_dir and --proposals."""
     from tf_twobranch.data.embedded import load_embedded_dataset
-    from tf_twobranch.features.prepare_regions import prepare_phrase_localization
-    dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
+    from tf_twobranch.data.layout import resolve_dataset
+    dataset_dir = dataset_dir or f.dataset_dir
+    dataset_dir = pathlib.Path(dataset_dir) if dataset_dir else load_embedded_dataset()
     if not dataset_dir.is_dir():
         raise common.UserInputError(f"--dataset_dir={dataset_dir}: directory does not exist")
-    cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
-    data = prepare_phrase_localization(dataset_dir, cache, feature_spec(f), ("train", "test"),
-                                       images_dir=f.images_dir or None)
-    return dataset_dir, data
+    return resolve_dataset(dataset_dir, images_dir=f.images_dir or None, proposals=f.proposals or None)
+
+
+def load_data(f):
+    """(the dataset layout, {"train": PhraseLocalizationData, "test": ...})."""
+    from tf_twobranch.features.prepare_regions import prepare_phrase_localization
+    layout = dataset_layout(f)
+    cache = pathlib.Path(f.features_cache) if f.features_cache else layout.root / "features"
+    return layout, prepare_phrase_localization(layout, cache, feature_spec(f), ("train", "test"))
 
 
 def table_marks(f) -> dict:
@@ -301,9 +309,9 @@ def run(f) -> dict:
     check_flags(f)
     row_name = f.row_name or "phrase_localization"
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
-    dataset_dir, data = load_data(f)
+    layout, data = load_data(f)
     train, test = data["train"], data["test"]
-    record = {"row": row_name, "dataset_dir": str(dataset_dir), "flags": f.flag_values_dict(),
+    record = {"row": row_name, "dataset_dir": str(layout.root), "flags": f.flag_values_dict(),
               "paper": common.paper_numbers(f.paper_results), "marks": table_marks(f),
               "num_train_phrases": train.num_phrases, "num_test_phrases": test.num_phrases,
               "num_test_images": len(test.image_ids),

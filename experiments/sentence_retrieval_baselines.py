@@ -54,10 +54,10 @@ flags.DEFINE_string("out_json", None, "Where to write the results (JSON).")
 logger = logging.getLogger("sentence_retrieval_baselines")
 
 
-def _load_split(corpus, path: str):
-    from tf_twobranch.data.formats.splits import read_split_file
-
-    ids = read_split_file(path)
+def _load_split(corpus, layout, split: str):
+    """The split's images that have captions, and how many of its ids have none."""
+    ids = layout.split_ids(split)
+    path = str(layout.split_files[split])
     known = set(corpus.image_ids)
     present = [i for i in ids if i in known]
     if not present:
@@ -68,6 +68,7 @@ def _load_split(corpus, path: str):
 def run() -> dict:
     """Fits every encoder on the training captions and evaluates Table 4 on the test captions."""
     from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
+    from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.data.tokenize import tokenize_caption
     from tf_twobranch.evaluation.retrieval import sentence_retrieval_metrics
     from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
@@ -82,9 +83,14 @@ def run() -> dict:
         if getattr(FLAGS, name) <= 0:
             raise ConfigError(f"--{name} must be positive, got {getattr(FLAGS, name)}")
 
-    corpus = read_token_file(FLAGS.captions)
-    train, train_missing, train_total = _load_split(corpus, FLAGS.train_split)
-    test, test_missing, test_total = _load_split(corpus, FLAGS.test_split)
+    # The caption file and the split lists live in different folders: the
+    # layout is the caption file's folder with both given explicitly.
+    layout = resolve_dataset(os.path.dirname(os.path.abspath(FLAGS.captions)), caption_format="token",
+                             captions_path=FLAGS.captions,
+                             split_files={"train": FLAGS.train_split, "test": FLAGS.test_split})
+    corpus = read_token_file(layout.caption_file)
+    train, train_missing, train_total = _load_split(corpus, layout, "train")
+    test, test_missing, test_total = _load_split(corpus, layout, "test")
     train_tokens = [tokenize_caption(c) for c in train.captions]
     test_tokens = [tokenize_caption(c) for c in test.captions]
     logger.info("train: %d/%d images with captions (%d captions); test: %d/%d images (%d captions)",

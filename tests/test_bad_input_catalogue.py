@@ -169,11 +169,11 @@ def non_utf8_entities_sentences(tmp_path):
 
 
 def non_utf8_entities_split_file(tmp_path):
-    from tf_twobranch.data.formats import flickr30k_entities as fe
+    from tf_twobranch.data.formats import read_split_file
 
     path = tmp_path / "test.txt"
     path.write_bytes(b"1000\n1001\n10\xff2\n")
-    return Expect(lambda: fe.read_split_ids(path), (path.name, "UTF-8"), line=3)
+    return Expect(lambda: read_split_file(path), (path.name, "UTF-8"), line=3)
 
 
 def malformed_karpathy_json(tmp_path):

@@ -5,7 +5,7 @@ from PIL import Image
 
 from experiments.draw_localization import draw_localization, saved_model_scorer
 from tf_twobranch.data.embedded import generate_embedded_dataset
-from tf_twobranch.data.formats.flickr30k_entities import read_split_ids
+from tf_twobranch.data.formats.splits import read_split_file
 from tf_twobranch.errors import DataFormatError
 
 CROP = 32
@@ -29,7 +29,7 @@ def exported(dataset, tmp_path_factory):
     from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 
     corpus = read_token_file(dataset / "results_20130124.token")
-    train_ids = read_split_ids(dataset / "train.txt")
+    train_ids = read_split_file(dataset / "train.txt")
     index = {image_id: i for i, image_id in enumerate(corpus.image_ids)}
     captions = [[tokenize_caption(corpus.captions[c]) for c in np.flatnonzero(corpus.caption_image == index[i])]
                 for i in train_ids]
@@ -46,7 +46,7 @@ def exported(dataset, tmp_path_factory):
 def test_writes_one_png_per_image(dataset, exported, tmp_path):
     paths = draw_localization(dataset, tmp_path / "fig2", saved_model_scorer(exported), num_images=2,
                               max_captions=3)
-    test_ids = read_split_ids(dataset / "test.txt")[:2]
+    test_ids = read_split_file(dataset / "test.txt")[:2]
     assert [p.name for p in paths] == [f"{i}.png" for i in test_ids]
     for path in paths:
         with Image.open(path) as picture:
@@ -61,7 +61,7 @@ def test_writes_one_png_per_image(dataset, exported, tmp_path):
 
 
 def test_explicit_ids_and_bad_inputs(dataset, exported, tmp_path):
-    image_id = read_split_ids(dataset / "test.txt")[3]
+    image_id = read_split_file(dataset / "test.txt")[3]
     paths = draw_localization(dataset, tmp_path, saved_model_scorer(exported), image_ids=[image_id])
     assert [p.name for p in paths] == [f"{image_id}.png"]
     with pytest.raises(DataFormatError, match="saved_model.pb"):

@@ -57,16 +57,18 @@ def test_splits_are_by_identity_last_identities_test(pedes_json):
 
 
 def test_files_resolve_and_load_with_the_pipeline(pedes_json):
-    from tf_twobranch.sampling.dual_path import check_num_classes, dual_path_data_from_pedes
+    from tf_twobranch.data.dual_path_data import check_num_classes, dual_path_data_from_pedes
+    from tf_twobranch.data.layout import resolve_dataset
 
     splits = read_cuhk_pedes(pedes_json)
     for split in splits.values():
         for file_path in split.corpus.image_ids:
             assert (pedes_json.parent / "imgs" / file_path).is_file()
-    data = dual_path_data_from_pedes(pedes_json, split="train")
+    layout = resolve_dataset(pedes_json.parent)
+    data = dual_path_data_from_pedes(layout, split="train")
     check_num_classes(data, len(set(splits["train"].identity.tolist())))
     assert data.num_images == splits["train"].corpus.num_images
-    test = dual_path_data_from_pedes(pedes_json, split="test")
+    test = dual_path_data_from_pedes(layout, split="test")
     assert test.vocabulary == data.vocabulary
 
 

@@ -5,6 +5,7 @@ from PIL import Image
 
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features import images
+from tf_twobranch.image_decoding import tf_decode_image
 
 
 def gradient_image(height=20, width=20):
@@ -97,9 +98,9 @@ def test_tf_decode_and_ten_crops(tmp_path):
 
     image = gradient_image(20, 20)
     Image.fromarray(image).save(tmp_path / "g.png")
-    decoded = images.tf_decode_image(tf.constant((tmp_path / "g.png").read_bytes()))
+    decoded = tf_decode_image(tf.constant((tmp_path / "g.png").read_bytes()))
     np.testing.assert_array_equal(decoded.numpy(), image)
     crops = images.tf_ten_crops(decoded, crop_size=12, resize_to=20).numpy()
     np.testing.assert_allclose(crops, images.ten_crops(image, 12, 20).astype(np.float32), atol=1e-3)
     with pytest.raises(tf.errors.InvalidArgumentError, match="bad.jpg: cannot decode"):
-        images.tf_decode_image(tf.constant(b"garbage bytes"), name="bad.jpg")
+        tf_decode_image(tf.constant(b"garbage bytes"), name="bad.jpg")

@@ -7,8 +7,8 @@ import pytest
 
 from experiments import common
 from tf_twobranch.data.formats import read_precomp_corpus, read_precomp_split
-from tf_twobranch.data.retrieval_data import (detect_caption_format, load_caption_splits,
-                                              load_precomp_splits)
+from tf_twobranch.data.layout import resolve_dataset
+from tf_twobranch.data.retrieval_data import load_caption_splits, load_precomp_splits
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "brown", "pink"]
@@ -243,11 +243,11 @@ def test_file_that_is_not_npy(tmp_path):
 
 def test_precomp_folder_is_recognised(tmp_path):
     feats = make_precomp(tmp_path, n_dev=4)
-    assert detect_caption_format(tmp_path) == "precomp"
+    assert resolve_dataset(tmp_path).caption_format == "precomp"
     splits = load_caption_splits(tmp_path)
     assert sorted(splits) == ["test", "train", "val"]
     assert splits["train"].num_images == 20 and splits["val"].image_ids[0] == "dev_0"
-    assert load_caption_splits(tmp_path, caption_format="precomp")["test"] == splits["test"]
+    assert load_caption_splits(resolve_dataset(tmp_path, caption_format="precomp"))["test"] == splits["test"]
     corpora, images = load_precomp_splits(tmp_path)
     assert corpora["test"] == splits["test"]
     np.testing.assert_array_equal(images["train"], feats["train"])
@@ -270,7 +270,7 @@ def test_folder_without_test_captions_is_not_precomp(tmp_path):
 
 def test_precomp_format_on_a_folder_without_it(tmp_path):
     with pytest.raises(DataFormatError, match=r"train_caps\.txt.*does not exist"):
-        load_caption_splits(tmp_path, caption_format="precomp")
+        load_caption_splits(resolve_dataset(tmp_path, caption_format="precomp"))
 
 
 def test_caption_count_error_reaches_load_caption_splits(tmp_path):

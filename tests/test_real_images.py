@@ -111,11 +111,12 @@ def test_equal_square_images_are_bit_identical_to_np_stack(tmp_path):
 
 def test_embedded_data_arrays_are_unchanged(tmp_path):
     from tf_twobranch.data.embedded import generate_embedded_dataset
+    from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.data.retrieval_data import load_caption_splits
-    from tf_twobranch.features.prepare import _image_path
     root = generate_embedded_dataset(tmp_path / "scenes", num_images=12, splits=(6, 2, 4), num_proposals=5)
-    train = load_caption_splits(root)["train"]
-    paths = [_image_path(root / "images", i) for i in train.image_ids]
+    layout = resolve_dataset(root)
+    train = load_caption_splits(layout)["train"]
+    paths = layout.image_paths(train.image_ids)
     stacked = np.stack([load_image(p) for p in paths])  # the former code
     loaded = load_images_at_size(paths)
     assert loaded.shape == stacked.shape and loaded.dtype == stacked.dtype == np.uint8
@@ -168,6 +169,7 @@ def test_entity_crops_come_from_the_original_images(dataset):
 
 @pytest.mark.slow
 def test_retrieval_features_with_scene_cnn_on_real_images(dataset, tmp_path, monkeypatch):
+    from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.data.retrieval_data import load_caption_splits
     from tf_twobranch.features import scene_cnn
     from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features
@@ -182,7 +184,8 @@ def test_retrieval_features_with_scene_cnn_on_real_images(dataset, tmp_path, mon
     splits = load_caption_splits(dataset)
     spec = FeatureSpec(image_backbone="scene_cnn", scene_cnn_epochs=1, ten_crop=True,
                        text_encoder="mean_vector", word_dim=8)
-    image_feats, text_feats, _ = prepare_retrieval_features(splits, dataset / "images", tmp_path / "cache", spec)
+    image_feats, text_feats, _ = prepare_retrieval_features(splits, resolve_dataset(dataset), tmp_path / "cache",
+                                                            spec)
     size = DEFAULT_STACK_SIZE
     # Trained on the 6 training images resized to 96x96 plus their 12 Entities box crops.
     assert trained == [((6, size, size, 3), (12, size, size, 3))]
@@ -197,12 +200,13 @@ def test_retrieval_features_with_scene_cnn_on_real_images(dataset, tmp_path, mon
 
 @pytest.mark.slow
 def test_region_backbone_scene_cnn_on_real_images(dataset, tmp_path):
+    from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.features import prepare_regions as pr
     from tf_twobranch.features.backbones import backbone_input_size
     from tf_twobranch.features.image_features import extract_region_features
     spec = pr.RegionFeatureSpec(image_backbone="scene_cnn", scene_cnn_epochs=1, word_dim=8,
                                 fisher_components=2, max_proposals=10)
-    backbone = pr.region_backbone(dataset, dataset / "images", tmp_path / "regions", spec)
+    backbone = pr.region_backbone(resolve_dataset(dataset), tmp_path / "regions", spec)
     assert backbone_input_size(backbone) == DEFAULT_STACK_SIZE
     assert (tmp_path / "regions" / "scene_cnn.keras").is_file()
     path = dataset / "images" / f"{TEST_IDS[0]}.jpg"
@@ -210,7 +214,7 @@ def test_region_backbone_scene_cnn_on_real_images(dataset, tmp_path):
     boxes = np.array([[0, 0, width, height], [10, 20, width // 2, height // 3], [5, 5, 12, 40]])
     feats = extract_region_features(path, boxes, backbone)
     assert feats.shape == (3, int(backbone.output_shape[-1])) and np.isfinite(feats).all()
-    again = pr.region_backbone(dataset, dataset / "images", tmp_path / "regions", spec)  # cached
+    again = pr.region_backbone(resolve_dataset(dataset), tmp_path / "regions", spec)  # cached
     np.testing.assert_allclose(extract_region_features(path, boxes, again), feats, rtol=1e-5, atol=1e-5)
 
 
@@ -223,10 +227,12 @@ def test_dual_path_scene_cnn_pretraining_on_real_images(dataset, tmp_path, monke
 
     import tf_twobranch.data.embedded as embedded
     from experiments import instance_loss
+    from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
+    from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.features.backbones import build_backbone
     from tf_twobranch.sampling import dual_path as dp
     monkeypatch.setattr(embedded, "load_embedded_dataset", lambda *a, **k: tmp_path)  # cache outside the package
-    train = dp.dual_path_data_from_retrieval(dataset, split="train")
+    train = dual_path_data_from_retrieval(resolve_dataset(dataset), split="train")
     flags_like = types.SimpleNamespace(dataset_kind="retrieval", seed=0, image_size=48)
     path = instance_loss.pretrained_scene_cnn(flags_like, train)
     assert pathlib.Path(path).is_file() and pathlib.Path(path).is_relative_to(tmp_path)

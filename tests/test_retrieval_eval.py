@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from tf_twobranch.evaluation import retrieval as R
-from tf_twobranch.errors import UserInputError
 
 
 def _naive_ranks(scores, caption_image):

@@ -1,13 +1,16 @@
-"""Tests of the dual-path CNN input pipeline (tf_twobranch.sampling.dual_path)."""
+"""Tests of the dual-path CNN data (tf_twobranch.data.dual_path_data) and input pipeline
+(tf_twobranch.sampling.dual_path)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
+from tf_twobranch.data import dual_path_data as dpd
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats import write_cuhk_pedes, write_split_file, write_token_file
 from tf_twobranch.data.formats.cuhk_pedes import PedesSplit
 from tf_twobranch.distribute import split_global_batch
+from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.sampling import dual_path as dp
 
@@ -46,7 +49,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_data(tiny):
-    return dp.dual_path_data_from_retrieval(tiny, split="train", max_len=12)
+    return dpd.dual_path_data_from_retrieval(resolve_dataset(tiny), split="train", max_len=12)
 
 
 # ------------------------------------------------------------------ text placement
@@ -125,21 +128,21 @@ def test_retrieval_data_one_class_per_training_image(tiny, tiny_data):
     np.testing.assert_array_equal(data.image_class, np.arange(6))
     assert data.vocabulary[:2] == ["<pad>", "<unk>"] and set(data.vocabulary[2:]) <= set(WORDS)
     assert all(p.endswith(f"{i}.jpg") for p, i in zip(data.image_paths, data.image_ids))
-    test = dp.dual_path_data_from_retrieval(tiny, split="test", max_len=12)
+    test = dpd.dual_path_data_from_retrieval(resolve_dataset(tiny), split="test", max_len=12)
     assert test.num_images == 2 and test.vocabulary == data.vocabulary
-    dp.check_num_classes(data, 6)
+    dpd.check_num_classes(data, 6)
     with pytest.raises(ConfigError, match="num_classes=29783.*6 classes"):
-        dp.check_num_classes(data, 29783)
+        dpd.check_num_classes(data, 29783)
 
 
 def test_long_caption_error_names_file_and_record(tmp_path):
     root = _make_dataset(tmp_path / "d", long_caption=True)
     with pytest.raises(DataFormatError) as info:
-        dp.dual_path_data_from_retrieval(root, max_len=12)
+        dpd.dual_path_data_from_retrieval(resolve_dataset(root), max_len=12)
     message = str(info.value)
     assert "results_20130124.token" in message and "image 1003, caption 1" in message
     assert "36" in message and "max_len=12" in message and "long_captions='clip'" in message
-    data = dp.dual_path_data_from_retrieval(root, max_len=12, long_captions="clip")
+    data = dpd.dual_path_data_from_retrieval(resolve_dataset(root), max_len=12, long_captions="clip")
     assert max(len(c) for c in data.codes) == 12
 
 
@@ -147,32 +150,32 @@ def test_missing_and_corrupt_images(tmp_path):
     root = _make_dataset(tmp_path / "missing")
     (root / "images" / "1002.jpg").unlink()
     with pytest.raises(DataFormatError, match="image 1002.*not found") as info:
-        dp.dual_path_data_from_retrieval(root)
+        dpd.dual_path_data_from_retrieval(resolve_dataset(root))
     assert "results_20130124.token" in str(info.value)
 
     root = _make_dataset(tmp_path / "corrupt")
     (root / "images" / "1001.jpg").write_bytes(b"this is not a jpeg")
     with pytest.raises(DataFormatError, match="1001.jpg") as info:
-        dp.dual_path_data_from_retrieval(root, validate="header")
+        dpd.dual_path_data_from_retrieval(resolve_dataset(root), validate="header")
     assert "1001" in str(info.value)
 
     root = _make_dataset(tmp_path / "truncated")
     path = root / "images" / "1004.jpg"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])  # valid header, truncated data
-    dp.dual_path_data_from_retrieval(root, validate="header")  # header looks fine
+    dpd.dual_path_data_from_retrieval(resolve_dataset(root), validate="header")  # header looks fine
     with pytest.raises(DataFormatError, match="1004.jpg.*cannot decode"):
-        dp.dual_path_data_from_retrieval(root, validate="full")
+        dpd.dual_path_data_from_retrieval(resolve_dataset(root), validate="full")
     with pytest.raises(DataFormatError, match="cannot decode"):
-        dp.dual_path_data_from_retrieval(root)  # small: auto decodes everything
+        dpd.dual_path_data_from_retrieval(resolve_dataset(root))  # small: auto decodes everything
     with pytest.raises(ConfigError):
-        dp.dual_path_data_from_retrieval(root, validate="sometimes")
+        dpd.dual_path_data_from_retrieval(resolve_dataset(root), validate="sometimes")
 
 
 def test_empty_training_caption_is_an_error(tmp_path):
     root = _make_dataset(tmp_path / "d")
     with pytest.raises(DataFormatError, match="no word left"):
-        dp.dual_path_data_from_retrieval(root, vocabulary=["<pad>", "<unk>", "zebra"])
+        dpd.dual_path_data_from_retrieval(resolve_dataset(root), vocabulary=["<pad>", "<unk>", "zebra"])
 
 
 def test_train_dataset_batches(tiny_data):
@@ -240,7 +243,7 @@ def test_training_shift_covers_every_offset(tiny_data):
 
 
 def test_test_datasets(tiny):
-    data = dp.dual_path_data_from_retrieval(tiny, split="val", max_len=12)
+    data = dpd.dual_path_data_from_retrieval(resolve_dataset(tiny), split="val", max_len=12)
     test = dp.test_datasets(data, batch_size=3, resize_to=RESIZE, crop_size=CROP)
     images = list(test.images.as_numpy_iterator())
     assert sum(len(b["image_index"]) for b in images) == data.num_images
@@ -275,23 +278,23 @@ def _write_pedes(root):
 
 def test_pedes_data_one_class_per_identity(tmp_path):
     path = _write_pedes(tmp_path)
-    data = dp.dual_path_data_from_pedes(path, split="train", max_len=56)
+    data = dpd.dual_path_data_from_pedes(resolve_dataset(path.parent), split="train", max_len=56)
     assert data.num_classes == 3 and data.class_names == ["4", "7", "11"]
     np.testing.assert_array_equal(data.image_class, [2, 0, 2, 1, 0, 1])
-    dp.check_num_classes(data, 3)
+    dpd.check_num_classes(data, 3)
     with pytest.raises(ConfigError, match="person identity"):
-        dp.check_num_classes(data, 6)
+        dpd.check_num_classes(data, 6)
     # Captions are drawn from the identity (any image of the same person).
     batches = dp.train_dataset(data, batch_size=6, resize_to=RESIZE, crop_size=CROP, seed=0).dataset
     for batch in batches.take(3).as_numpy_iterator():
         for label, row in zip(batch["label"], batch["token_ids"]):
             own = {tuple(data.codes[i]) for i in np.flatnonzero(data.caption_class == label)}
             assert tuple(row[row > 0]) in own
-    test = dp.dual_path_data_from_pedes(path, split="test")
+    test = dpd.dual_path_data_from_pedes(resolve_dataset(path.parent), split="test")
     assert test.num_classes == 2 and test.vocabulary == data.vocabulary
     (tmp_path / "imgs" / "cam" / "train3.jpg").unlink()
     with pytest.raises(DataFormatError, match="reid_raw.json.*cam/train3.jpg"):
-        dp.dual_path_data_from_pedes(path, split="train")
+        dpd.dual_path_data_from_pedes(resolve_dataset(path.parent), split="train")
 
 
 def test_real_flickr30k_slice(realdata, tmp_path):
@@ -300,9 +303,9 @@ def test_real_flickr30k_slice(realdata, tmp_path):
     ids = sorted(p.stem for p in images_dir.glob("*.jpg"))
     write_split_file(tmp_path / "train.txt", ids[:6])
     write_split_file(tmp_path / "test.txt", ids[6:])
-    data = dp.dual_path_data_from_retrieval(
-        tmp_path, captions_path=realdata / "flickr30k" / "captions_multi30k.token",
-        images_dir=images_dir, max_len=32, long_captions="clip")
+    data = dpd.dual_path_data_from_retrieval(
+        resolve_dataset(tmp_path, captions_path=realdata / "flickr30k" / "captions_multi30k.token",
+                        images_dir=images_dir), max_len=32, long_captions="clip")
     assert data.num_images == 6 and data.num_captions == 30
     assert all(len(c) > 0 for c in data.codes) and 1 not in np.concatenate(data.codes)
     batch = next(iter(dp.train_dataset(data, batch_size=3, resize_to=64, crop_size=56, seed=0,
@@ -333,7 +336,7 @@ def test_word_vector_file_restricts_the_dictionary(tiny, tmp_path):
     known = ["red", "dog", "cat", "grass", "runs"]
     path = tmp_path / "vectors.txt"
     save_word_vectors(path, WordVectors(known, np.ones((5, 3), np.float32)), binary=False)
-    data = dp.dual_path_data_from_retrieval(tiny, word_vectors=path, max_len=12,
+    data = dpd.dual_path_data_from_retrieval(resolve_dataset(tiny), word_vectors=path, max_len=12,
                                             validate="header")
     assert set(data.vocabulary[2:]) <= set(known)
     assert all(set(c.tolist()) <= set(range(2, len(data.vocabulary))) for c in data.codes)

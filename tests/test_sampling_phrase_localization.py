@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from tf_twobranch.boxes import iou_matrix
+from tf_twobranch.data import phrase_localization_data as pld
 from tf_twobranch.data.phrases import PhraseExample
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.sampling import phrase_localization as pl
@@ -34,8 +35,8 @@ PROPOSALS = {
 
 def make_data(examples=EXAMPLES, proposals=PROPOSALS, dim=3):
     rng = np.random.default_rng(0)
-    gt = pl.ground_truth_regions(examples)
-    return pl.build_phrase_localization_data(
+    gt = pld.ground_truth_regions(examples)
+    return pld.build_phrase_localization_data(
         examples, proposals, {k: rng.normal(size=(len(v), dim)).astype(np.float32) for k, v in proposals.items()},
         {k: rng.normal(size=(len(boxes), dim)).astype(np.float32) for k, (_, boxes) in gt.items()},
         rng.normal(size=(len(examples), 4)).astype(np.float32))
@@ -120,13 +121,13 @@ def test_data_layout():
 
 
 def test_missing_features_are_reported():
-    gt = pl.ground_truth_regions(EXAMPLES)
+    gt = pld.ground_truth_regions(EXAMPLES)
     with pytest.raises(DataFormatError, match="'c'"):
-        pl.build_phrase_localization_data(
+        pld.build_phrase_localization_data(
             EXAMPLES, PROPOSALS, {k: np.zeros((len(v), 2)) for k, v in PROPOSALS.items() if k != "c"},
             {k: np.zeros((len(b), 2)) for k, (_, b) in gt.items()}, np.zeros((7, 2)))
     with pytest.raises(DataFormatError, match="rows"):
-        pl.build_phrase_localization_data(
+        pld.build_phrase_localization_data(
             EXAMPLES, PROPOSALS, {k: np.zeros((len(v), 2)) for k, v in PROPOSALS.items()},
             {k: np.zeros((len(b), 2)) for k, (_, b) in gt.items()}, np.zeros((5, 2)))
 

@@ -24,7 +24,7 @@ protocol runs out of the box:
   as in CUHK-PEDES (``reid_raw.json`` sits beside ``imgs/``).
 
 Written with `tf_twobranch.data.formats.cuhk_pedes.write_cuhk_pedes`; read it
-with `read_cuhk_pedes` or `tf_twobranch.sampling.dual_path.dual_path_data_from_pedes`.
+with `read_cuhk_pedes` or `tf_twobranch.data.dual_path_data.dual_path_data_from_pedes`.
 """
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ def load_embedded_pedes(out_dir: str | os.PathLike | None = None, **kwargs) -> p
     """Path of the digit person-search ``reid_raw.json``, generating the dataset on first use.
 
     Keyword arguments are those of `generate_embedded_pedes`. Images are
-    under ``<folder>/imgs`` (the default `images_root` of
-    `dual_path_data_from_pedes`).
+    under ``<folder>/imgs`` (the images folder `tf_twobranch.data.layout.resolve_dataset`
+    finds for a CUHK-PEDES folder).
     """
     return generate_embedded_pedes(out_dir, **kwargs) / ANNOTATION_NAME

@@ -141,7 +141,7 @@ def score_phrases_with_model(model, data, batch_size: int = 1024,
     −Euclidean distance). Similarity network (``model.similarity_head`` not
     None): the head's logit on the element-wise product.
 
-    ``data`` is a :class:`tf_twobranch.sampling.phrase_localization.PhraseLocalizationData`.
+    ``data`` is a :class:`tf_twobranch.data.phrase_localization_data.PhraseLocalizationData`.
     """
     region_table, valid = data.proposal_table()
     proposals = np.flatnonzero(~data.region_is_gt)

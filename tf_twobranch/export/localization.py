@@ -70,9 +70,9 @@ from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import serving
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
-from tf_twobranch.features.images import tf_decode_image
 from tf_twobranch.features.text_features import TextEncoder
 from tf_twobranch.features.tf_text_features import text_feature_layer_from_encoder
+from tf_twobranch.image_decoding import tf_decode_image
 from tf_twobranch.models.two_branch import TwoBranchModel
 
 __all__ = ["BOX_CONVENTIONS", "decode_image_exact", "crop_regions", "RegionPhraseServingModule",
@@ -84,7 +84,7 @@ BOX_CONVENTIONS = ("inclusive", "half_open")
 def decode_image_exact(image_bytes):
     """uint8 (H, W, 3) from JPEG/PNG/BMP/GIF bytes, pixel-identical to PIL for JPEGs.
 
-    `tf_twobranch.features.images.tf_decode_image` (decoded at the image's
+    `tf_twobranch.image_decoding.tf_decode_image` (decoded at the image's
     own size, no resize), with its errors naming the ``image_jpeg`` input:
     bytes that are not an image raise InvalidArgumentError naming the
     expected formats.

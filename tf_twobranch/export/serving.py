@@ -46,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.features.images import describe_image_formats, tf_decode_image, tf_is_image_bytes
+from tf_twobranch.image_decoding import describe_image_formats, tf_decode_image, tf_is_image_bytes
 
 __all__ = [
     "WARMUP_FILENAME",
@@ -216,7 +216,7 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
     """Decodes a (batch,) tensor of JPEG/PNG bytes to float32 RGB (batch, H, W, 3), 0..255.
 
     The batch wrapper of the package's one image decoder,
-    `tf_twobranch.features.images.tf_decode_image` (JPEGs with the accurate
+    `tf_twobranch.image_decoding.tf_decode_image` (JPEGs with the accurate
     integer DCT: pixels equal PIL's; grey images become RGB, alpha is
     dropped): it adds the batch's checks and the resize. Every element must
     start with the JPEG or PNG magic bytes; otherwise an

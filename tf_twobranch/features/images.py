@@ -5,9 +5,8 @@ Two implementations of the same geometry:
 * NumPy/PIL (`load_image`, `resize`, `ten_crops`, `center_crop`) for the
   feature extractors, which read files one by one and validate them so that a
   bad file is reported as a `DataFormatError` naming it;
-* TensorFlow (`tf_decode_image`, `tf_ten_crops`) for `tf.data` pipelines;
-  `tf_decode_image` is also the decoder of the SavedModel exports
-  (`tf_twobranch.export`).
+* TensorFlow (`tf_ten_crops`) for `tf.data` pipelines; images are decoded
+  in TensorFlow by `tf_twobranch.image_decoding.tf_decode_image`.
 
 `load_images_at_size` loads a folder's worth of images (of any sizes) into
 one square uint8 array, for the networks trained on stacked images (the
@@ -43,10 +42,6 @@ __all__ = [
     "center_crop",
     "crop_offsets",
     "ten_crops",
-    "TF_IMAGE_FORMATS",
-    "describe_image_formats",
-    "tf_is_image_bytes",
-    "tf_decode_image",
     "tf_ten_crops",
 ]
 
@@ -248,80 +243,6 @@ def ten_crops(image: np.ndarray, crop_size: int = 224, resize_to: int = 256) -> 
 
 # --------------------------------------------------------------------------
 # TensorFlow versions for tf.data pipelines.
-
-
-# Magic bytes of the formats `tf_decode_image` reads, in the order they are
-# named in error messages.
-_IMAGE_MAGIC = {"JPEG": b"\xff\xd8\xff", "PNG": b"\x89PNG\r\n\x1a\n", "BMP": b"BM", "GIF": b"GIF"}
-TF_IMAGE_FORMATS = tuple(_IMAGE_MAGIC)
-
-
-def describe_image_formats(formats: Sequence[str] = TF_IMAGE_FORMATS) -> str:
-    """"JPEG, PNG, BMP or GIF": the formats as error messages name them."""
-    formats = list(formats)
-    return formats[0] if len(formats) == 1 else ", ".join(formats[:-1]) + " or " + formats[-1]
-
-
-def tf_is_image_bytes(image_bytes, formats: Sequence[str] = TF_IMAGE_FORMATS):
-    """Element-wise: does each string start with the magic bytes of one of `formats`?
-
-    Args:
-      image_bytes: a tf.string tensor of any shape.
-      formats: names from `TF_IMAGE_FORMATS` ("JPEG", "PNG", "BMP", "GIF").
-
-    Returns:
-      a bool tensor of the shape of `image_bytes`.
-    """
-    import tensorflow as tf
-
-    unknown = [f for f in formats if f not in _IMAGE_MAGIC]
-    if unknown or not formats:
-        raise ConfigError(f"image formats must be some of {TF_IMAGE_FORMATS}, got {tuple(formats)!r}")
-    image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
-    matches = [tf.strings.substr(image_bytes, 0, len(_IMAGE_MAGIC[f])) == _IMAGE_MAGIC[f] for f in formats]
-    return tf.reduce_any(tf.stack(matches), axis=0)
-
-
-def tf_decode_image(image_bytes, *, name: str | None = None, check_format: bool = True):
-    """Decodes one encoded JPEG/PNG/BMP/GIF image into a uint8 (H, W, 3) tensor.
-
-    The package's one TensorFlow image decoder: the tf.data pipelines
-    (`tf_twobranch.sampling.dual_path`) and the SavedModel exports
-    (`tf_twobranch.export.serving.decode_jpeg_batch`,
-    `tf_twobranch.export.localization.decode_image_exact`) all decode with it.
-    JPEGs are decoded with libjpeg's accurate integer DCT, the decoder PIL
-    uses, so pixels equal `load_image`'s (TF's default fast DCT differs by up
-    to ~20 grey levels); the other formats with `tf.io.decode_image` (the
-    first frame of a GIF).  Grayscale is expanded to RGB, alpha dropped.
-
-    Args:
-      image_bytes: a scalar tf.string.
-      name: names the image in the error message (default "image bytes").
-      check_format: check the magic bytes first: bytes that are not a JPEG,
-        PNG, BMP or GIF raise `tf.errors.InvalidArgumentError` "<name>:
-        cannot decode image; expected JPEG, PNG, BMP or GIF bytes" before
-        anything is decoded (in a graph too).  False for callers that have
-        checked them already (`decode_jpeg_batch` checks a whole batch and
-        names the bad element).  Bytes with valid magic bytes and a
-        truncated or corrupt body fail with the decoder's own error.
-    """
-    import tensorflow as tf
-
-    image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
-    checks = []
-    if check_format:
-        label = name if name is not None else "image bytes"
-        checks.append(tf.debugging.assert_equal(
-            tf_is_image_bytes(image_bytes), True,
-            message=f"{label}: cannot decode image; expected {describe_image_formats()} bytes"))
-    with tf.control_dependencies(checks):
-        image = tf.cond(
-            tf.io.is_jpeg(image_bytes),
-            lambda: tf.io.decode_jpeg(image_bytes, channels=3, dct_method="INTEGER_ACCURATE"),
-            lambda: tf.ensure_shape(tf.io.decode_image(image_bytes, channels=3, expand_animations=False),
-                                    [None, None, 3]))
-    image.set_shape([None, None, 3])
-    return image
 
 
 def tf_ten_crops(image, crop_size: int = 224, resize_to: int = 256):

@@ -1,6 +1,7 @@
 """Feature preparation for experiments: the same steps a user runs on real data.
 
-Given caption splits and an images folder, compute (or load from cache):
+Given caption splits and a dataset layout (`tf_twobranch.data.layout`: the
+images folder, the Flickr30K Entities folder), compute (or load from cache):
 
 * image features of every split's images with a CNN backbone (VGG-19 /
   ResNet from a local weights file, or the `scene_cnn` trained on the fly on
@@ -30,6 +31,7 @@ from absl import logging
 
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats import load_feature_matrix, save_feature_matrix
+from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.tokenize import build_vocabulary, tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
 
@@ -84,21 +86,12 @@ def cache_digest(d: dict) -> str:
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def _image_path(images_dir: pathlib.Path, image_id: str) -> pathlib.Path:
-    for suffix in (".jpg", ".jpeg", ".png", ""):
-        p = images_dir / f"{image_id}{suffix}"
-        if p.exists():
-            return p
-    raise DataFormatError(images_dir / f"{image_id}.jpg",
-                          f"image {image_id!r} listed in the captions is missing from "
-                          f"{images_dir}")
-
-
 def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
-                    images_dir: pathlib.Path) -> dict[str, np.ndarray]:
+                    layout: DatasetLayout) -> dict[str, np.ndarray]:
     from tf_twobranch.features.images import load_images_at_size
     from tf_twobranch.features.image_features import extract_image_features
-    paths = {s: [_image_path(images_dir, i) for i in c.image_ids] for s, c in splits.items()}
+    paths = {s: layout.image_paths(c.image_ids, file_names=getattr(c, "file_names", None), source=c.source)
+             for s, c in splits.items()}
     if spec.image_backbone == "scene_cnn":
         from tf_twobranch.features.scene_cnn import entity_region_crops, train_scene_cnn
         train = splits["train"]
@@ -106,7 +99,8 @@ def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
         # real images of mixed sizes are resized to 96x96 (load_images_at_size).
         images = load_images_at_size(paths["train"])
         tokens = [[tokenize_caption(c) for c in caps] for caps in train.captions_by_image()]
-        regions = entity_region_crops(images_dir.parent, train.image_ids, images, image_paths=paths["train"])
+        regions = (entity_region_crops(layout.entities_dir, train.image_ids, images, image_paths=paths["train"])
+                   if layout.entities_dir is not None else None)
         if regions is None:
             backbone = train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed)
         else:
@@ -181,9 +175,12 @@ def sentence_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus]):
     return {s: encoder.transform(t).astype(np.float32) for s, t in tokens.items()}, {}
 
 
-def prepare_retrieval_features(splits: dict[str, CaptionCorpus], images_dir, cache_dir,
+def prepare_retrieval_features(splits: dict[str, CaptionCorpus], layout: DatasetLayout, cache_dir,
                                spec: FeatureSpec) -> tuple[dict, dict, dict]:
     """Image and text inputs for every split, cached under `cache_dir`.
+
+    Image files are found with `layout.image_path`; the scene CNN gets region
+    supervision from the layout's Flickr30K Entities folder when it has one.
 
     Returns (image_features by split, text inputs by split, extras) where
     extras holds e.g. the LSTM vocabulary.
@@ -197,7 +194,7 @@ def prepare_retrieval_features(splits: dict[str, CaptionCorpus], images_dir, cac
     image_feats, text_feats, extras = {}, {}, {}
     if not all((image_dir / f"image_features_{s}.mat").exists() for s in splits):
         start = time.time()
-        feats = _image_features(spec, splits, pathlib.Path(images_dir))
+        feats = _image_features(spec, splits, layout)
         image_dir.mkdir(parents=True, exist_ok=True)
         for s, f in feats.items():
             save_feature_matrix(image_dir / f"image_features_{s}.mat", f, key="image_features")

@@ -1,13 +1,14 @@
 """Feature preparation for phrase localization (TPAMI §4): regions and phrases.
 
 For each split of a Flickr30K-Entities-style dataset folder (``Sentences/``,
-``Annotations/``, ``train.txt``/``val.txt``/``test.txt``, ``images/``):
+``Annotations/``, ``train.txt``/``val.txt``/``test.txt``, the images), given
+as its `tf_twobranch.data.layout.DatasetLayout` (``resolve_dataset``):
 
 * phrase examples (:func:`tf_twobranch.data.phrases.build_phrase_examples`:
   non-visual phrases excluded, plural chains merged into one box);
 * region proposals, from ``RegionFeatureSpec.proposals`` (HDF5 file or
-  directory, :mod:`tf_twobranch.data.formats.proposals`), else
-  ``<dataset_dir>/proposals.h5``, else generated once with the built-in
+  directory, :mod:`tf_twobranch.data.formats.proposals`), else the layout's
+  (``<dataset_dir>/proposals.h5``), else generated once with the built-in
   generator (:mod:`tf_twobranch.data.proposal_generator`) and cached;
 * one feature vector per proposal and per ground-truth region (single crop
   warped to the backbone input, §4.3), one image at a time, with the
@@ -20,7 +21,7 @@ For each split of a Flickr30K-Entities-style dataset folder (``Sentences/``,
 Everything is cached under ``cache_dir`` in directories named by a digest of
 the settings; region features are ``.npy`` files read back as memory maps.
 :func:`prepare_phrase_localization` returns one
-:class:`~tf_twobranch.sampling.phrase_localization.PhraseLocalizationData`
+:class:`~tf_twobranch.data.phrase_localization_data.PhraseLocalizationData`
 per split; :func:`load_phrase_encoder` and :func:`split_region_features`
 give the same encoder / proposal features to other experiments (Table 5).
 """
@@ -35,8 +36,9 @@ from typing import Sequence
 import numpy as np
 from absl import logging
 
+from tf_twobranch.data.layout import SPLITS, DatasetLayout
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.features.prepare import IMAGE_BACKBONES, _image_path, cache_digest
+from tf_twobranch.features.prepare import IMAGE_BACKBONES, cache_digest
 
 PHRASE_ENCODERS = ("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf")
 
@@ -81,29 +83,20 @@ class RegionFeatureSpec:
 # --------------------------------------------------------------------------- inputs
 
 
-def split_image_ids(dataset_dir, split: str, max_images: int | None = None) -> list[str]:
-    """Image ids listed in ``<dataset_dir>/<split>.txt`` (first ``max_images`` of them).
-
-    Read with :func:`tf_twobranch.data.formats.splits.read_split_file` (one id
-    per line, image extensions stripped, repeated ids refused).
-    """
-    from tf_twobranch.data.formats.splits import read_split_file
-    path = pathlib.Path(dataset_dir) / f"{split}.txt"
-    if not path.is_file():
-        raise DataFormatError(path, f"split file missing: expected one image id per line for the {split} split")
-    ids = read_split_file(path)
-    if not ids:
-        raise DataFormatError(path, "split file lists no image ids")
-    return ids[:max_images] if max_images else ids
+def _split_ids(layout: DatasetLayout, split: str, spec: RegionFeatureSpec) -> list[str]:
+    """Image ids of the split list (`DatasetLayout.split_ids`), the first
+    ``spec.max_images[split]`` of them when set."""
+    ids = layout.split_ids(split)
+    limit = (spec.max_images or {}).get(split)
+    return ids[:limit] if limit else ids
 
 
-def _proposals_source(dataset_dir: pathlib.Path, cache_dir: pathlib.Path, spec: RegionFeatureSpec,
-                      all_ids: Sequence[str], images_dir: pathlib.Path) -> pathlib.Path:
+def _proposals_source(layout: DatasetLayout, cache_dir: pathlib.Path, spec: RegionFeatureSpec,
+                      all_ids: Sequence[str]) -> pathlib.Path:
     if spec.proposals:
         return pathlib.Path(spec.proposals)
-    default = dataset_dir / "proposals.h5"
-    if default.exists():
-        return default
+    if layout.proposals is not None:
+        return layout.proposals
     generated = cache_dir / f"proposals_generated_{spec.max_proposals}_{cache_digest({'ids': list(all_ids)})}.h5"
     if not generated.exists():
         from tf_twobranch.data.proposal_generator import generate_proposals_for_images
@@ -111,7 +104,7 @@ def _proposals_source(dataset_dir: pathlib.Path, cache_dir: pathlib.Path, spec: 
                      spec.max_proposals, len(all_ids), generated)
         generated.parent.mkdir(parents=True, exist_ok=True)
         tmp = generated.with_name(".tmp_" + generated.name)
-        generate_proposals_for_images([_image_path(images_dir, i) for i in all_ids], tmp,
+        generate_proposals_for_images(layout.image_paths(all_ids), tmp,
                                       num_proposals=spec.max_proposals, seed=spec.seed, image_ids=list(all_ids))
         tmp.rename(generated)
     return generated
@@ -151,8 +144,7 @@ def _half_open(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
 # --------------------------------------------------------------------------- backbone
 
 
-def region_backbone(dataset_dir: pathlib.Path, images_dir: pathlib.Path, region_dir: pathlib.Path,
-                    spec: RegionFeatureSpec):
+def region_backbone(layout: DatasetLayout, region_dir: pathlib.Path, spec: RegionFeatureSpec):
     """The CNN used for region crops: scene_cnn trained once (cached), or a VGG/ResNet from local weights."""
     if spec.image_backbone != "scene_cnn":
         from tf_twobranch.features.backbones import build_backbone
@@ -166,11 +158,12 @@ def region_backbone(dataset_dir: pathlib.Path, images_dir: pathlib.Path, region_
     from tf_twobranch.data.retrieval_data import load_caption_splits
     from tf_twobranch.data.tokenize import tokenize_caption
     from tf_twobranch.features.images import load_images_at_size
-    train = load_caption_splits(dataset_dir)["train"]
+    train = load_caption_splits(layout)["train"]
     # Square images of one size (the embedded data) are used as they are; real
     # images of mixed sizes are resized to 96x96.  Region crops of any size are
     # then warped to the network's input by extract_region_features.
-    images = load_images_at_size([_image_path(images_dir, i) for i in train.image_ids])
+    images = load_images_at_size(layout.image_paths(train.image_ids, source=train.source,
+                                                    file_names=getattr(train, "file_names", None)))
     tokens = [[tokenize_caption(c) for c in caps] for caps in train.captions_by_image()]
     backbone = train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed)
     region_dir.mkdir(parents=True, exist_ok=True)
@@ -187,14 +180,14 @@ def _region_key(spec: RegionFeatureSpec, proposals_path: pathlib.Path) -> dict:
             "max_proposals": spec.max_proposals, "seed": spec.seed}
 
 
-def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatureSpec, *,
-                          images_dir=None, examples=None):
+def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: RegionFeatureSpec, *,
+                          examples=None):
     """Proposals and region features of one split (computed once, then memory-mapped).
 
     Returns a dict with ``image_ids`` (the split file's order), ``proposals``
     {id: (N_i, 4)}, ``proposal_features`` {id: (N_i, D)} and
     ``gt_region_features`` {id: (G_i, D)} in the order of
-    :func:`~tf_twobranch.sampling.phrase_localization.ground_truth_regions`.
+    :func:`~tf_twobranch.data.phrase_localization_data.ground_truth_regions`.
 
     Before any feature is computed the proposals are checked against their
     image's size (:func:`~tf_twobranch.data.formats.proposals.fit_proposals_to_images`):
@@ -203,19 +196,16 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
     to the image, i.e. exactly the boxes that were cropped, so IoU with the
     ground truth and the region features agree.
     """
+    from tf_twobranch.data.phrase_localization_data import ground_truth_regions
     from tf_twobranch.data.phrases import build_phrase_examples
-    from tf_twobranch.sampling.phrase_localization import ground_truth_regions
     spec.validate()
-    dataset_dir = pathlib.Path(dataset_dir)
     cache_dir = pathlib.Path(cache_dir)
-    images_dir = pathlib.Path(images_dir) if images_dir else dataset_dir / "images"
-    limit = (spec.max_images or {}).get(split)
-    ids = split_image_ids(dataset_dir, split, limit)
+    ids = _split_ids(layout, split, spec)
     if examples is None:
-        examples = build_phrase_examples(dataset_dir, ids)
-    all_ids = [i for s in ("train", "val", "test") if (dataset_dir / f"{s}.txt").exists()
-               for i in split_image_ids(dataset_dir, s)]
-    proposals_path = _proposals_source(dataset_dir, cache_dir, spec, all_ids, images_dir)
+        layout.require("entities", purpose="phrase localization")
+        examples = build_phrase_examples(layout.entities_dir, ids)
+    all_ids = [i for s in SPLITS if layout.has(s) for i in layout.split_ids(s)]
+    proposals_path = _proposals_source(layout, cache_dir, spec, all_ids)
     proposals = read_split_proposals(proposals_path, ids, spec.max_proposals)
     gt = ground_truth_regions(examples)
     region_dir = cache_dir / f"regions_{spec.image_backbone}_{cache_digest(_region_key(spec, proposals_path))}"
@@ -230,13 +220,12 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
         from PIL import Image
         from tf_twobranch.features.images import load_image
         sizes = {}
-        for image_id in ids:
-            image_path = _image_path(images_dir, image_id)
+        for image_id, path in zip(ids, layout.image_paths(ids)):
             try:
-                with Image.open(image_path) as handle:
+                with Image.open(path) as handle:
                     sizes[image_id] = tuple(handle.size)
             except (OSError, ValueError, SyntaxError):
-                height, width = load_image(image_path).shape[:2]  # a DataFormatError naming the file
+                height, width = load_image(path).shape[:2]  # a DataFormatError naming the file
                 sizes[image_id] = (width, height)
     from tf_twobranch.data.formats.proposals import IMAGE_TOLERANCE, fit_proposals_to_images
     proposals, clipped = fit_proposals_to_images(proposals_path, proposals, sizes, clip=spec.clip_proposals)
@@ -249,7 +238,7 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
     if not index_path.exists():
         from tf_twobranch.features.image_features import extract_region_features
         from tf_twobranch.features.images import load_image
-        backbone = region_backbone(dataset_dir, images_dir, region_dir, spec)
+        backbone = region_backbone(layout, region_dir, spec)
         dim = int(backbone.output_shape[-1])
         counts = [len(proposals[i]) for i in ids]
         gt_counts = [len(gt[i][1]) if i in gt else 0 for i in ids]
@@ -258,8 +247,8 @@ def split_region_features(dataset_dir, split: str, cache_dir, spec: RegionFeatur
         prop = np.lib.format.open_memmap(tmp_p, "w+", np.float32, (sum(counts), dim))
         gtf = np.lib.format.open_memmap(tmp_g, "w+", np.float32, (max(1, sum(gt_counts)), dim))
         start, p_at, g_at = time.time(), 0, 0
-        for n, image_id in enumerate(ids):
-            image = load_image(_image_path(images_dir, image_id))
+        for n, (image_id, path) in enumerate(zip(ids, layout.image_paths(ids))):
+            image = load_image(path)
             h, w = image.shape[:2]
             boxes = proposals[image_id]
             if image_id in gt:
@@ -301,7 +290,7 @@ def _phrase_key(spec: RegionFeatureSpec, train_ids: Sequence[str]) -> dict:
             "train": cache_digest({"ids": list(train_ids)})}
 
 
-def load_phrase_encoder(dataset_dir, cache_dir, spec: RegionFeatureSpec, train_examples=None):
+def load_phrase_encoder(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpec, train_examples=None):
     """The phrase encoder fitted on the training phrases (cached as .npz).
 
     Word vectors come from ``spec.word_vectors`` or are trained on the
@@ -312,14 +301,15 @@ def load_phrase_encoder(dataset_dir, cache_dir, spec: RegionFeatureSpec, train_e
     from tf_twobranch.features.text_features import (build_text_encoder, encoder_needs_word_vectors,
                                                      load_text_encoder)
     spec.validate()
-    dataset_dir, cache_dir = pathlib.Path(dataset_dir), pathlib.Path(cache_dir)
-    train_ids = split_image_ids(dataset_dir, "train", (spec.max_images or {}).get("train"))
+    cache_dir = pathlib.Path(cache_dir)
+    train_ids = _split_ids(layout, "train", spec)
     directory = cache_dir / f"phrases_{spec.text_encoder}_{cache_digest(_phrase_key(spec, train_ids))}"
     path = directory / "phrase_encoder.npz"
     if path.exists():
         return load_text_encoder(path)
     if train_examples is None:
-        train_examples = build_phrase_examples(dataset_dir, train_ids)
+        layout.require("entities", purpose="phrase localization")
+        train_examples = build_phrase_examples(layout.entities_dir, train_ids)
     phrase_tokens = [tokenize_caption(e.phrase) for e in train_examples]
     phrase_tokens = [t for t in phrase_tokens if t]
     kwargs = {}
@@ -329,7 +319,7 @@ def load_phrase_encoder(dataset_dir, cache_dir, spec: RegionFeatureSpec, train_e
             wv = load_word_vectors(spec.word_vectors, vocabulary={w for t in phrase_tokens for w in t})
         else:
             from tf_twobranch.data.retrieval_data import load_caption_splits
-            train = load_caption_splits(dataset_dir)["train"]
+            train = load_caption_splits(layout)["train"]
             keep = set(train_ids)
             caption_tokens = [tokenize_caption(c) for c, i in zip(train.captions, train.caption_image)
                               if train.image_ids[i] in keep]
@@ -362,30 +352,27 @@ def encode_phrases(encoder, phrases: Sequence[str]) -> np.ndarray:
 # --------------------------------------------------------------------------- assembly
 
 
-def prepare_phrase_localization(dataset_dir, cache_dir, spec: RegionFeatureSpec,
-                                splits: Sequence[str] = ("train", "test"), *, images_dir=None) -> dict:
-    """``{split: PhraseLocalizationData}`` with cached region and phrase features."""
+def prepare_phrase_localization(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpec,
+                                splits: Sequence[str] = ("train", "test")) -> dict:
+    """``{split: PhraseLocalizationData}`` with cached region and phrase features.
+
+    The layout must have the Flickr30K Entities folders and the split lists
+    of ``train`` and `splits` (one error lists what the folder has and lacks).
+    """
+    from tf_twobranch.data.phrase_localization_data import (build_phrase_localization_data,
+                                                            unique_phrase_index)
     from tf_twobranch.data.phrases import build_phrase_examples
-    from tf_twobranch.sampling.phrase_localization import build_phrase_localization_data, unique_phrase_index
     spec.validate()
-    dataset_dir = pathlib.Path(dataset_dir)
-    if not dataset_dir.is_dir():
-        raise DataFormatError(dataset_dir, "dataset directory does not exist")
-    for sub in ("Sentences", "Annotations"):
-        if not (dataset_dir / sub).is_dir():
-            raise DataFormatError(dataset_dir / sub, "Flickr30K Entities folder missing (phrase "
-                                  "localization needs Sentences/ and Annotations/)")
-    examples = {s: build_phrase_examples(dataset_dir, split_image_ids(dataset_dir, s,
-                                                                      (spec.max_images or {}).get(s)))
+    layout.require(*dict.fromkeys(("train", *splits)), "entities", purpose="phrase localization")
+    examples = {s: build_phrase_examples(layout.entities_dir, _split_ids(layout, s, spec))
                 for s in set(splits) | {"train"}}
     for s in splits:
         if not examples[s]:
-            raise DataFormatError(dataset_dir / f"{s}.txt", f"the {s} split has no phrase with a box")
-    encoder = load_phrase_encoder(dataset_dir, cache_dir, spec, train_examples=examples["train"])
+            raise DataFormatError(layout.split_files[s], f"the {s} split has no phrase with a box")
+    encoder = load_phrase_encoder(layout, cache_dir, spec, train_examples=examples["train"])
     out = {}
     for s in splits:
-        regions = split_region_features(dataset_dir, s, cache_dir, spec, images_dir=images_dir,
-                                        examples=examples[s])
+        regions = split_region_features(layout, s, cache_dir, spec, examples=examples[s])
         strings, index = unique_phrase_index(examples[s])
         out[s] = build_phrase_localization_data(
             examples[s], regions["proposals"], regions["proposal_features"], regions["gt_region_features"],

@@ -45,7 +45,7 @@ flags.DEFINE_string("out_key", "image_features", "Array name inside .npz/.mat/.h
 _OUTPUT_SUFFIXES = (".npy", ".npz", ".mat", ".h5", ".hdf5")
 
 
-def _image_paths() -> list[pathlib.Path]:
+def _listed_images() -> list[pathlib.Path]:
     images_dir = pathlib.Path(FLAGS.images_dir)
     if not images_dir.is_dir():
         raise DataFormatError(images_dir, "images directory does not exist")
@@ -84,7 +84,7 @@ def run() -> None:
         raise ConfigError("--backbone=scene_cnn needs --weights=<model.keras> (saved by save_scene_cnn)")
     if FLAGS.batch_size < 1:
         raise ConfigError(f"--batch_size must be positive, got {FLAGS.batch_size}")
-    paths = _image_paths()
+    paths = _listed_images()
     out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
     if not os.path.isdir(out_dir):
         os.makedirs(out_dir, exist_ok=True)

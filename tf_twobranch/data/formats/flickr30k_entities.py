@@ -50,6 +50,7 @@ from typing import Iterable
 import numpy as np
 
 from tf_twobranch.boxes import validate_boxes
+from tf_twobranch.data.formats.splits import read_split_file
 from tf_twobranch.errors import DataFormatError
 
 NULL_CHAIN_ID = "0"
@@ -388,37 +389,18 @@ def _escape(text: str) -> str:
 # Dataset
 
 
-def read_split_ids(path) -> list[str]:
-    """Reads an official split file (``train.txt`` etc.): one image id per line."""
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            lines = handle.read().split("\n")
-    except FileNotFoundError:
-        raise DataFormatError(path, "split file not found (expected one image id per line)") from None
-    except UnicodeDecodeError:
-        raise _not_utf8_error(path) from None
-    ids = []
-    for line_number, line in enumerate(lines, start=1):
-        token = line.strip()
-        if not token:
-            continue
-        if len(token.split()) != 1:
-            raise DataFormatError(path, f"expected one image id per line, got {line!r}", line=line_number)
-        ids.append(token)
-    return ids
-
-
 def read_entities_dataset(root, split_ids, *, clip: bool = False) -> list[ImagePhrases]:
     """Reads ``root/Sentences/<id>.txt`` and ``root/Annotations/<id>.xml`` for each id.
 
     Args:
       root: Flickr30K Entities folder holding ``Sentences/`` and ``Annotations/``.
-      split_ids: iterable of image ids, or the path of a split file (``test.txt``).
+      split_ids: iterable of image ids, or the path of a split file (``test.txt``,
+        read with :func:`tf_twobranch.data.formats.splits.read_split_file`).
       clip: passed to :func:`read_annotation_file`.
     """
     root = os.fspath(root)
     if isinstance(split_ids, (str, os.PathLike)):
-        split_ids = read_split_ids(split_ids)
+        split_ids = read_split_file(split_ids)
     for folder in ("Sentences", "Annotations"):
         if not os.path.isdir(os.path.join(root, folder)):
             raise DataFormatError(root, f"missing folder {folder}/ (expected Sentences/ and Annotations/ "
