@@ -87,6 +87,17 @@ def setup_training(f):
     return distribute.get_strategy(f.strategy)
 
 
+def train_config(f, *, epochs: int, learning_rate: float, seed: int | None = None, **overrides):
+    """The trainer's configuration from the shared run flags (strategy, verbosity, backups, determinism)."""
+    from tf_twobranch.training import trainer
+    tcfg = trainer.TrainConfig(epochs=epochs, learning_rate=learning_rate,
+                               seed=f.seed if seed is None else seed, strategy=f.strategy,
+                               verbose=f.verbose, backup_every_steps=f.backup_every_steps,
+                               deterministic=f.deterministic, **overrides)
+    tcfg.validate()
+    return tcfg
+
+
 def apply_embedded_profile(f, profile: dict) -> dict:
     """Sets a profile's values on flags the user did not set, when no --dataset_dir is given.
 

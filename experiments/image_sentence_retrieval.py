@@ -239,13 +239,9 @@ def run(f) -> dict:
         record["metrics"] = run_cca(f, splits, image, text)
     else:
         config = build_config(f, image["train"].shape[1], text["train"].shape[1], extras)
-        tcfg = trainer.TrainConfig(epochs=f.epochs,
+        tcfg = common.train_config(f, epochs=f.epochs,
                                    learning_rate=f.learning_rate * f.learning_rate_scale,
-                                   lr_schedule=f.lr_schedule, seed=f.seed,
-                                   strategy=f.strategy, verbose=f.verbose,
-                                   backup_every_steps=f.backup_every_steps,
-                                   deterministic=f.deterministic)
-        tcfg.validate()
+                                   lr_schedule=f.lr_schedule)
         strategy = common.setup_training(f)
         from tf_twobranch.models.two_branch import build_model
         with strategy.scope():

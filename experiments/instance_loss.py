@@ -461,11 +461,9 @@ def run(f) -> dict:
                 optimizer = keras.optimizers.SGD(lr, momentum=f.momentum, nesterov=f.nesterov,
                                                  weight_decay=f.weight_decay or None)
             model.compile(optimizer=optimizer, jit_compile=f.jit_compile)
-        tcfg = trainer.TrainConfig(epochs=f[f"stage{stage}_epochs"].value,
+        tcfg = common.train_config(f, epochs=f[f"stage{stage}_epochs"].value,
                                    learning_rate=f[f"stage{stage}_learning_rate"].value,
-                                   optimizer=f.optimizer, seed=f.seed + stage, strategy=f.strategy,
-                                   verbose=f.verbose, backup_every_steps=f.backup_every_steps,
-                                   deterministic=f.deterministic)
+                                   seed=f.seed + stage, optimizer=f.optimizer)
         steps = dp.steps_per_epoch(train, f.batch_size)
 
         def dataset(start_step=0, stage=stage):

@@ -247,11 +247,7 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     from tf_twobranch.sampling import phrase_localization as pl
     from tf_twobranch.training import trainer
     config = build_config(f, data.region_features.shape[1], data.phrase_features.shape[1])
-    tcfg = trainer.TrainConfig(epochs=f.epochs, learning_rate=f.learning_rate, seed=f.seed,
-                               strategy=f.strategy, verbose=f.verbose,
-                               backup_every_steps=f.backup_every_steps,
-                               deterministic=f.deterministic)
-    tcfg.validate()
+    tcfg = common.train_config(f, epochs=f.epochs, learning_rate=f.learning_rate)
     strategy = common.setup_training(f)
     with strategy.scope():
         model = build_model(config)
