@@ -145,11 +145,12 @@ def run(f) -> dict:
     from experiments import phrase_localization as pl
     from tf_twobranch.evaluation import retrieval
     from tf_twobranch.features.prepare_regions import encode_phrases, load_phrase_encoder, split_region_features
-    from tf_twobranch.training.trainer import load_trained_model
+    from tf_twobranch.runs import load_run
     start = time.time()
     is_run, rp_run = _train_missing(f)
-    is_model, is_config = load_trained_model(is_run)
-    rp_model, rp_config = load_trained_model(rp_run)
+    is_loaded, rp_loaded = load_run(is_run), load_run(rp_run)
+    is_model, is_config = is_loaded.model, is_loaded.config
+    rp_model, rp_config = rp_loaded.model, rp_loaded.config
     if is_model.config.kind != "embedding" or is_model.config.text_encoder != "features":
         raise common.UserInputError(f"{is_run}: Table 5 needs an image-sentence *embedding* network on "
                                     "sentence features (not the similarity network or the LSTM)")

@@ -88,9 +88,9 @@ def python_scorer(run_dir, backbone_name: str, backbone_weights: str | None, tex
     from tf_twobranch.features.backbones import build_backbone
     from tf_twobranch.features.image_features import extract_region_features
     from tf_twobranch.features.text_features import load_text_encoder
-    from tf_twobranch.training.trainer import load_trained_model
+    from tf_twobranch.runs import load_run
 
-    model, _ = load_trained_model(run_dir)
+    model = load_run(run_dir).model
     backbone = build_backbone(backbone_name, weights_path=backbone_weights)
     encoder = load_text_encoder(text_encoder_path)
 

@@ -133,6 +133,10 @@ def test_tiny_two_stage_run_evaluates_plots_and_exports(tmp_path):
     model = load_dual_path_model(stage2 / "dual_path_config.json",
                                  stage2 / "checkpoints" / "latest.weights.h5")
     vocabulary = json.loads((stage2 / "dual_path_config.json").read_text())["vocabulary"]
+    from tf_twobranch.runs import load_run
+    run = load_run(tmp_path)  # the run folder alone: its last stage, config and results
+    assert (run.family, run.run_dir, run.config["stage"]) == ("dual_path", stage2, 2)
+    assert run.results["stages"][1]["metrics"]["rsum"] == record["stages"][1]["metrics"]["rsum"]
     from tf_twobranch.data.embedded import load_embedded_dataset
     images = sorted((load_embedded_dataset() / "images").glob("*.jpg"))[:3]
     jpegs = [p.read_bytes() for p in images]
@@ -141,6 +145,7 @@ def test_tiny_two_stage_run_evaluates_plots_and_exports(tmp_path):
     for i, c in enumerate(encode_captions(captions, vocabulary)):
         codes[i, :len(c)] = c
     want_images, want_texts = embed_with_keras(model, jpegs, codes)
+    np.testing.assert_array_equal(embed_with_keras(run.model, jpegs, codes)[1], want_texts)
     loaded = tf.saved_model.load(record["export_dir"])
     got_images = loaded.signatures["embed_images"](image_jpeg=tf.constant(jpegs))
     got_texts = loaded.signatures["embed_texts"](captions=tf.constant(captions))

@@ -8,6 +8,7 @@ import tensorflow as tf
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.json_files import write_json
+from tf_twobranch.runs import load_run
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.sampling import image_sentence as S
 from tf_twobranch.training import trainer
@@ -67,7 +68,7 @@ def test_embedding_network_learns_and_evaluate_matches_core(tmp_path):
     assert after == core
     # rebuild from the run directory alone
     write_json(tmp_path / "run_config.json", {"model": model.config.to_dict()})
-    restored, _ = trainer.load_trained_model(tmp_path)
+    restored = load_run(tmp_path).model
     np.testing.assert_allclose(restored.embed_texts(txt), model.embed_texts(txt), atol=1e-6)
     assert (tmp_path / "checkpoints" / "epoch_0008.weights.h5").exists()
 
@@ -172,3 +173,13 @@ def test_evaluate_refuses_arguments_that_do_not_apply_and_keeps_the_protocol(mon
         want = {k: np.mean([m[k] for m in folds]) for k in folds[0]}
         assert model.evaluate(split, protocol="coco_1k") == pytest.approx(want)
         assert model.evaluate(split) != pytest.approx(want)  # the folds are not the whole set
+
+
+def test_load_run_names_what_a_run_folder_holds(tmp_path):
+    with pytest.raises(UserInputError, match="does not exist"):
+        load_run(tmp_path / "nowhere")
+    with pytest.raises(UserInputError, match="run_config.json .* dual_path_config.json"):
+        load_run(tmp_path)
+    write_json(tmp_path / "run_config.json", {"model": tiny_config().to_dict()})
+    with pytest.raises(UserInputError, match="checkpoint not found"):
+        load_run(tmp_path)

@@ -38,7 +38,6 @@ from absl import logging
 from tf_twobranch.distribute import STRATEGIES, cluster_resolver, is_chief, is_multi_worker
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.json_files import write_json
-from tf_twobranch.models.two_branch import TwoBranchConfig, TwoBranchModel, build_model
 
 def _gather_over_workers(strategy: tf.distribute.Strategy, value: int) -> list[int]:
     """`value` of every replica of the cluster (a collective: every worker must call it)."""
@@ -440,7 +439,7 @@ def _dataset_at(dataset, step: int, multi_worker_strategy=None):
     return ds
 
 
-def train(model: TwoBranchModel, dataset, cfg: TrainConfig, run_dir,
+def train(model: keras.Model, dataset, cfg: TrainConfig, run_dir,
           *, steps_per_epoch: int, extra_callbacks=(), initial_epoch: int = 0,
           epochs: int | None = None) -> keras.callbacks.History:
     """Fits `model` on an infinite dataset with checkpoints, backup and logs.
@@ -585,22 +584,3 @@ def _non_finite_message(failure: dict, steps_per_epoch: int, initial_epoch: int,
             f"batch {failure['batch']}/{steps_per_epoch} (step {step} of this stage); {good}. "
             f"Check the input features for NaN or extreme values, or lower the learning rate "
             f"and run again")
-
-
-def load_trained_model(run_dir, checkpoint: str = "latest") -> tuple[TwoBranchModel, dict]:
-    """Rebuilds a model from `run_dir/run_config.json` and loads its weights."""
-    run_dir = pathlib.Path(run_dir)
-    config_path = run_dir / "run_config.json"
-    if not config_path.exists():
-        raise UserInputError(f"{config_path}: no run configuration here; is {run_dir} a run "
-                             f"directory written by tf_twobranch?")
-    try:
-        run_config = json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise UserInputError(f"{config_path}: malformed JSON at line {e.lineno}: {e.msg}") from None
-    model = build_model(TwoBranchConfig.from_dict(run_config["model"]))
-    weights = run_dir / "checkpoints" / f"{checkpoint}.weights.h5"
-    if not weights.exists():
-        raise UserInputError(f"{weights}: checkpoint not found")
-    model.load_weights(weights)
-    return model, run_config
