@@ -261,9 +261,12 @@ def define_flags():
     flags.DEFINE_string("out_dir", None, "Where the PNGs go (one per image).")
     flags.DEFINE_string("saved_model", None, "Region-phrase SavedModel (export_region_phrase_model).")
     flags.DEFINE_string("run_dir", None, "Trained run directory (alternative to --saved_model).")
-    flags.DEFINE_string("backbone", "vgg19", "With --run_dir: backbone name (see build_backbone).")
-    flags.DEFINE_string("backbone_weights", None, "With --run_dir: local backbone weights file.")
-    flags.DEFINE_string("text_encoder", None, "With --run_dir: the fitted text encoder .npz.")
+    flags.DEFINE_string("backbone", None, "With --run_dir: backbone name (see build_backbone); "
+                        "default: the one the run recorded.")
+    flags.DEFINE_string("backbone_weights", None, "With --run_dir: local backbone weights file; "
+                        "default: the one the run recorded.")
+    flags.DEFINE_string("text_encoder", None, "With --run_dir: the fitted text encoder .npz; "
+                        "default: the one the run recorded.")
     flags.DEFINE_list("image_ids", None, "Image ids to draw (default: the first --num_images of --split).")
     flags.DEFINE_integer("num_images", 4, "Number of images when --image_ids is not given.")
     flags.DEFINE_string("split", "test", "Split file <data_dir>/<split>.txt to take images from.")
@@ -271,6 +274,19 @@ def define_flags():
                         "<data_dir>/flickr30k-images or <data_dir>).")
     flags.DEFINE_string("proposals", None, "Proposals file (default <data_dir>/proposals.h5).")
     flags.DEFINE_integer("max_captions", None, "Draw at most this many captions per image.")
+
+
+def _run_inputs(run_dir) -> dict:
+    """The backbone, phrase encoder and dataset a phrase-localization run recorded in its results.json."""
+    from tf_twobranch.runs import load_run
+    results = load_run(run_dir).results or {}
+    inputs = results.get("inputs")
+    if inputs:
+        return inputs
+    if FLAGS.text_encoder and FLAGS.backbone:
+        return {"backbone": None, "backbone_weights": None, "text_encoder": None, "dataset_dir": None}
+    raise UserInputError(f"{run_dir}: its results.json records no inputs (written by an older "
+                         "version?); pass --backbone, --backbone_weights and --text_encoder")
 
 
 def _main() -> None:
@@ -282,10 +298,11 @@ def _main() -> None:
         if FLAGS.saved_model:
             scorer = saved_model_scorer(FLAGS.saved_model)
         else:
-            if not FLAGS.text_encoder:
-                raise app.UsageError("--run_dir needs --text_encoder (the fitted encoder .npz)")
-            scorer = python_scorer(FLAGS.run_dir, FLAGS.backbone, FLAGS.backbone_weights, FLAGS.text_encoder)
-        data_dir = FLAGS.data_dir
+            inputs = _run_inputs(FLAGS.run_dir)
+            scorer = python_scorer(FLAGS.run_dir, FLAGS.backbone or inputs["backbone"],
+                                   FLAGS.backbone_weights or inputs["backbone_weights"],
+                                   FLAGS.text_encoder or inputs["text_encoder"])
+        data_dir = FLAGS.data_dir or (inputs["dataset_dir"] if FLAGS.run_dir else None)
         if data_dir is None:
             from tf_twobranch.data.embedded import load_embedded_dataset
             data_dir = load_embedded_dataset()

@@ -324,6 +324,10 @@ def run(f) -> dict:
         model, info = train_model(f, train, run_dir)
         record.update({k: v for k, v in info.items() if k != "run_config"})
         record["metrics"] = evaluate_phrase_localization(model, test)
+        # Everything experiments.draw_localization needs besides --run_dir.
+        from tf_twobranch.features.prepare_regions import phrase_localization_inputs
+        cache = pathlib.Path(f.features_cache) if f.features_cache else layout.root / "features"
+        record["inputs"] = phrase_localization_inputs(layout, cache, feature_spec(f))
         if f.export and common.is_chief():
             from tf_twobranch.export.two_branch import export_saved_model
             record["export_dir"] = str(export_saved_model(model, run_dir / "export",

@@ -67,6 +67,17 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
         assert [s["name"] for s in record["stages"]] == ["main", "neighbourhood_constraints"]
         config = json.loads((tmp_path / "run" / "run_config.json").read_text())["model"]
         assert config["image_neighbour_weight"] == 0.1
+        # Fig. 2 from the fresh run with --run_dir alone: the run recorded its backbone,
+        # phrase encoder and dataset.
+        import subprocess
+        import sys
+        out = tmp_path / "pictures"
+        done = subprocess.run([sys.executable, "-m", "experiments.draw_localization",
+                               f"--run_dir={tmp_path / 'run'}", f"--out_dir={out}", "--num_images=2"],
+                              capture_output=True, text=True, cwd=common.REPO_ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+        pictures = sorted(out.glob("*.png"))
+        assert len(pictures) == 2 and all(p.stat().st_size > 1000 for p in pictures)
     table = pl.format_localization_table("t", [pl._table_row(record)])
     assert "R@1" in table and "paper R@1" in table
 

@@ -352,6 +352,24 @@ def encode_phrases(encoder, phrases: Sequence[str]) -> np.ndarray:
 # --------------------------------------------------------------------------- assembly
 
 
+def phrase_localization_inputs(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpec) -> dict:
+    """What a trained run needs besides its weights to score new images: the region
+    backbone (name and weights file) and the fitted phrase encoder, as prepared (and
+    cached) by `prepare_phrase_localization` for this layout and spec."""
+    cache_dir = pathlib.Path(cache_dir)
+    train_ids = _split_ids(layout, "train", spec)
+    encoder = cache_dir / f"phrases_{spec.text_encoder}_{cache_digest(_phrase_key(spec, train_ids))}"
+    inputs = {"dataset_dir": str(layout.root), "backbone": spec.image_backbone,
+              "backbone_weights": spec.backbone_weights,
+              "text_encoder": str((encoder / "phrase_encoder.npz").absolute())}
+    if spec.image_backbone == "scene_cnn":
+        all_ids = [i for s in SPLITS if layout.has(s) for i in layout.split_ids(s)]
+        proposals_path = _proposals_source(layout, cache_dir, spec, all_ids)
+        region_dir = cache_dir / f"regions_{spec.image_backbone}_{cache_digest(_region_key(spec, proposals_path))}"
+        inputs["backbone_weights"] = str((region_dir / "scene_cnn.keras").absolute())
+    return inputs
+
+
 def prepare_phrase_localization(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpec,
                                 splits: Sequence[str] = ("train", "test")) -> dict:
     """``{split: PhraseLocalizationData}`` with cached region and phrase features.
