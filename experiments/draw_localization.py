@@ -7,11 +7,11 @@ underneath with every localized phrase in the colour of its boxes.
 
 Scores come from a region–phrase SavedModel written by
 `tf_twobranch.export.localization.export_region_phrase_model`
-(``--saved_model``), or from a trained run directory (``--run_dir``, with
-``run_config.json`` and ``checkpoints/latest.weights.h5``) together with the
-backbone (``--backbone``/``--backbone_weights``) and the fitted text encoder
-(``--text_encoder``, a ``.npz`` written by the encoder's ``save``) that made
-its features.
+(``--saved_model``), or from a phrase-localization run directory
+(``--run_dir`` alone: the run's ``results.json`` records the backbone, the
+fitted phrase encoder and the dataset that made its features;
+``--backbone``/``--backbone_weights``/``--text_encoder``/``--data_dir``
+override them).
 
 The data folder has the Flickr30K Entities layout (``Sentences/``,
 ``Annotations/``, ``<split>.txt``), the images (``images/<id>.jpg`` unless
@@ -78,8 +78,9 @@ def saved_model_scorer(saved_model_dir: str | os.PathLike) -> Scorer:
     return score
 
 
-def python_scorer(run_dir, backbone_name: str, backbone_weights: str | None, text_encoder_path: str) -> Scorer:
-    """A scorer from a trained run dir, its backbone and its fitted text encoder (the Python path)."""
+def python_scorer(model, backbone_name: str, backbone_weights: str | None, text_encoder_path: str) -> Scorer:
+    """A scorer from a trained model (`load_run(...).model`), its backbone and its fitted text
+    encoder (the Python path)."""
     import io
 
     from PIL import Image
@@ -88,9 +89,7 @@ def python_scorer(run_dir, backbone_name: str, backbone_weights: str | None, tex
     from tf_twobranch.features.backbones import build_backbone
     from tf_twobranch.features.image_features import extract_region_features
     from tf_twobranch.features.text_features import load_text_encoder
-    from tf_twobranch.runs import load_run
 
-    model = load_run(run_dir).model
     backbone = build_backbone(backbone_name, weights_path=backbone_weights)
     encoder = load_text_encoder(text_encoder_path)
 
@@ -276,16 +275,14 @@ def define_flags():
     flags.DEFINE_integer("max_captions", None, "Draw at most this many captions per image.")
 
 
-def _run_inputs(run_dir) -> dict:
+def _run_inputs(run) -> dict:
     """The backbone, phrase encoder and dataset a phrase-localization run recorded in its results.json."""
-    from tf_twobranch.runs import load_run
-    results = load_run(run_dir).results or {}
-    inputs = results.get("inputs")
+    inputs = (run.results or {}).get("inputs")
     if inputs:
         return inputs
     if FLAGS.text_encoder and FLAGS.backbone:
         return {"backbone": None, "backbone_weights": None, "text_encoder": None, "dataset_dir": None}
-    raise UserInputError(f"{run_dir}: its results.json records no inputs (written by an older "
+    raise UserInputError(f"{run.run_dir}: its results.json records no inputs (written by an older "
                          "version?); pass --backbone, --backbone_weights and --text_encoder")
 
 
@@ -298,8 +295,10 @@ def _main() -> None:
         if FLAGS.saved_model:
             scorer = saved_model_scorer(FLAGS.saved_model)
         else:
-            inputs = _run_inputs(FLAGS.run_dir)
-            scorer = python_scorer(FLAGS.run_dir, FLAGS.backbone or inputs["backbone"],
+            from tf_twobranch.runs import load_run
+            run = load_run(FLAGS.run_dir)
+            inputs = _run_inputs(run)
+            scorer = python_scorer(run.model, FLAGS.backbone or inputs["backbone"],
                                    FLAGS.backbone_weights or inputs["backbone_weights"],
                                    FLAGS.text_encoder or inputs["text_encoder"])
         data_dir = FLAGS.data_dir or (inputs["dataset_dir"] if FLAGS.run_dir else None)

@@ -204,11 +204,9 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
     if examples is None:
         layout.require("entities", purpose="phrase localization")
         examples = build_phrase_examples(layout.entities_dir, ids)
-    all_ids = [i for s in SPLITS if layout.has(s) for i in layout.split_ids(s)]
-    proposals_path = _proposals_source(layout, cache_dir, spec, all_ids)
+    proposals_path, region_dir = _region_cache(layout, cache_dir, spec)
     proposals = read_split_proposals(proposals_path, ids, spec.max_proposals)
     gt = ground_truth_regions(examples)
-    region_dir = cache_dir / f"regions_{spec.image_backbone}_{cache_digest(_region_key(spec, proposals_path))}"
     stem = f"{split}_{cache_digest({'ids': ids})}"
     index_path = region_dir / f"{stem}_index.json"
     # Image sizes (width, height): from the cache index, else from the image headers (cheap, no decoding).
@@ -290,6 +288,19 @@ def _phrase_key(spec: RegionFeatureSpec, train_ids: Sequence[str]) -> dict:
             "train": cache_digest({"ids": list(train_ids)})}
 
 
+def _region_cache(layout: DatasetLayout, cache_dir: pathlib.Path, spec: RegionFeatureSpec):
+    """(proposals file, region-feature cache folder) of a layout and spec: the folder holds the
+    region features of every split and, for scene_cnn, the region backbone."""
+    all_ids = [i for s in SPLITS if layout.has(s) for i in layout.split_ids(s)]
+    proposals_path = _proposals_source(layout, cache_dir, spec, all_ids)
+    return proposals_path, cache_dir / f"regions_{spec.image_backbone}_{cache_digest(_region_key(spec, proposals_path))}"
+
+
+def _phrase_encoder_path(cache_dir: pathlib.Path, spec: RegionFeatureSpec, train_ids) -> pathlib.Path:
+    """Where the phrase encoder fitted on these training images is cached."""
+    return cache_dir / f"phrases_{spec.text_encoder}_{cache_digest(_phrase_key(spec, train_ids))}" / "phrase_encoder.npz"
+
+
 def load_phrase_encoder(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpec, train_examples=None):
     """The phrase encoder fitted on the training phrases (cached as .npz).
 
@@ -303,8 +314,7 @@ def load_phrase_encoder(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpe
     spec.validate()
     cache_dir = pathlib.Path(cache_dir)
     train_ids = _split_ids(layout, "train", spec)
-    directory = cache_dir / f"phrases_{spec.text_encoder}_{cache_digest(_phrase_key(spec, train_ids))}"
-    path = directory / "phrase_encoder.npz"
+    path = _phrase_encoder_path(cache_dir, spec, train_ids)
     if path.exists():
         return load_text_encoder(path)
     if train_examples is None:
@@ -333,7 +343,7 @@ def load_phrase_encoder(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpe
         kwargs["pca_dim"] = spec.pca_dim if fv_dim > spec.pca_dim else None
     encoder = build_text_encoder(spec.text_encoder, **kwargs)
     encoder.fit(phrase_tokens)
-    directory.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     encoder.save(path)
     return encoder
 
@@ -357,15 +367,11 @@ def phrase_localization_inputs(layout: DatasetLayout, cache_dir, spec: RegionFea
     backbone (name and weights file) and the fitted phrase encoder, as prepared (and
     cached) by `prepare_phrase_localization` for this layout and spec."""
     cache_dir = pathlib.Path(cache_dir)
-    train_ids = _split_ids(layout, "train", spec)
-    encoder = cache_dir / f"phrases_{spec.text_encoder}_{cache_digest(_phrase_key(spec, train_ids))}"
+    encoder = _phrase_encoder_path(cache_dir, spec, _split_ids(layout, "train", spec))
     inputs = {"dataset_dir": str(layout.root), "backbone": spec.image_backbone,
-              "backbone_weights": spec.backbone_weights,
-              "text_encoder": str((encoder / "phrase_encoder.npz").absolute())}
+              "backbone_weights": spec.backbone_weights, "text_encoder": str(encoder.absolute())}
     if spec.image_backbone == "scene_cnn":
-        all_ids = [i for s in SPLITS if layout.has(s) for i in layout.split_ids(s)]
-        proposals_path = _proposals_source(layout, cache_dir, spec, all_ids)
-        region_dir = cache_dir / f"regions_{spec.image_backbone}_{cache_digest(_region_key(spec, proposals_path))}"
+        _, region_dir = _region_cache(layout, cache_dir, spec)
         inputs["backbone_weights"] = str((region_dir / "scene_cnn.keras").absolute())
     return inputs
 
