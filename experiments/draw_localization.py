@@ -211,7 +211,7 @@ def draw_localization(data_dir, out_dir, scorer: Scorer, *, image_ids: Sequence[
     from tf_twobranch.data.formats.proposals import read_proposals
     from tf_twobranch.data.layout import PROPOSALS_FILE_NAME, resolve_dataset
     from tf_twobranch.data.phrases import phrase_examples_from_images
-    from tf_twobranch.features.images import load_image
+    from tf_twobranch.data.formats.images import load_image
 
     layout = resolve_dataset(data_dir, images_dir=images_dir, proposals=proposals_path)
     if not image_ids:

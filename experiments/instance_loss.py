@@ -215,8 +215,8 @@ def load_data(f, run_dir: pathlib.Path):
             # The embedded data has no word2vec file: train the stand-in on the
             # training captions and save it in word2vec format, so the run uses
             # exactly the file-based path a user's GoogleNews file takes.
-            from tf_twobranch.features.word_vectors import (WordVectors, save_word_vectors,
-                                                            train_word_vectors)
+            from tf_twobranch.data.formats.word_vectors import WordVectors, save_word_vectors
+            from tf_twobranch.features.word_vectors import train_word_vectors
             first = split("train")
             tokens = [tokenize_caption(c) for c in first.captions]
             path = run_dir / "word_vectors.bin"
@@ -278,7 +278,7 @@ def pretrained_scene_cnn(f, train) -> str:
 
 def _word_matrix(train, word_vectors, dim, seed):
     from tf_twobranch.data.text_codes import initial_word_matrix
-    from tf_twobranch.features.word_vectors import load_word_vectors
+    from tf_twobranch.data.formats.word_vectors import load_word_vectors
 
     if word_vectors is None:
         return None

@@ -72,7 +72,8 @@ def run() -> dict:
     from tf_twobranch.data.tokenize import tokenize_caption
     from tf_twobranch.evaluation.retrieval import sentence_retrieval_metrics
     from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
-    from tf_twobranch.features.word_vectors import load_word_vectors, train_word_vectors
+    from tf_twobranch.data.formats.word_vectors import load_word_vectors
+    from tf_twobranch.features.word_vectors import train_word_vectors
 
     for name in FLAGS.encoders:
         encoder_needs_word_vectors(name)  # raises ConfigError for unknown names

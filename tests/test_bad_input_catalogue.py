@@ -331,7 +331,7 @@ def empty_split_file(tmp_path):
 
 
 def undecodable_jpeg(tmp_path):
-    from tf_twobranch.features.images import load_image
+    from tf_twobranch.data.formats.images import load_image
 
     path = tmp_path / "1000092795.jpg"
     path.write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"not really a jpeg" * 20)
@@ -341,7 +341,7 @@ def undecodable_jpeg(tmp_path):
 def truncated_jpeg(tmp_path):
     from PIL import Image
 
-    from tf_twobranch.features.images import load_image
+    from tf_twobranch.data.formats.images import load_image
 
     path = tmp_path / "36979.jpg"
     pixels = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)

@@ -22,7 +22,8 @@ def exported(dataset, tmp_path_factory):
     from tf_twobranch.data.formats import read_token_file
     from tf_twobranch.data.tokenize import tokenize_caption
     from tf_twobranch.export.localization import export_region_phrase_model
-    from tf_twobranch.features.images import load_image, resize
+    from tf_twobranch.data.formats.images import load_image
+    from tf_twobranch.features.images import resize
     from tf_twobranch.features.scene_cnn import train_scene_cnn
     from tf_twobranch.features.text_features import MeanWordVectorEncoder
     from tf_twobranch.features.word_vectors import train_word_vectors

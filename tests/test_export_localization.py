@@ -99,7 +99,7 @@ def _python_scores(model, backbone, encoder, image, proposals, phrases, crops=No
 def test_decode_and_crops_match_pil():
     image = _scene(3, 70, 90)
     decoded = decode_image_exact(_encode(image)).numpy()
-    from tf_twobranch.features.images import load_image
+    from tf_twobranch.data.formats.images import load_image
     import tempfile, os
     with tempfile.NamedTemporaryFile(suffix=".jpg", delete=False) as f:
         f.write(_encode(image))

@@ -4,6 +4,7 @@ import pytest
 from PIL import Image
 
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.data.formats.images import load_image
 from tf_twobranch.features import images
 from tf_twobranch.image_decoding import tf_decode_image
 
@@ -60,34 +61,34 @@ def test_load_image_converts_modes(tmp_path):
     Image.fromarray(np.full((5, 6), 100, np.uint8), mode="L").save(gray)
     rgba = tmp_path / "rgba.png"
     Image.fromarray(np.full((4, 3, 4), 50, np.uint8), mode="RGBA").save(rgba)
-    assert images.load_image(gray).shape == (5, 6, 3)
-    loaded = images.load_image(rgba)
+    assert load_image(gray).shape == (5, 6, 3)
+    loaded = load_image(rgba)
     assert loaded.shape == (4, 3, 3) and loaded.dtype == np.uint8 and loaded[0, 0, 0] == 50
 
 
 def test_load_image_errors_name_the_file(tmp_path):
     with pytest.raises(DataFormatError, match="missing.jpg.*does not exist"):
-        images.load_image(tmp_path / "missing.jpg")
+        load_image(tmp_path / "missing.jpg")
     empty = tmp_path / "empty.jpg"
     empty.write_bytes(b"")
     with pytest.raises(DataFormatError, match="empty.jpg.*empty"):
-        images.load_image(empty)
+        load_image(empty)
     corrupt = tmp_path / "corrupt.jpg"
     corrupt.write_bytes(b"this is not a jpeg at all" * 10)
     with pytest.raises(DataFormatError, match="corrupt.jpg.*cannot decode"):
-        images.load_image(corrupt)
+        load_image(corrupt)
     truncated = tmp_path / "truncated.jpg"
     Image.fromarray(gradient_image(64, 64)).save(tmp_path / "full.jpg")
     truncated.write_bytes((tmp_path / "full.jpg").read_bytes()[:200])
     with pytest.raises(DataFormatError, match="truncated.jpg"):
-        images.load_image(truncated)
+        load_image(truncated)
 
 
 def test_load_real_jpegs(realdata):
     paths = sorted((realdata / "flickr30k" / "images").glob("*.jpg"))
     assert len(paths) == 8
     for path in paths:
-        image = images.load_image(path)
+        image = load_image(path)
         assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
         assert min(image.shape[:2]) >= 100
         assert images.ten_crops(image, 32, 40).shape == (10, 32, 32, 3)

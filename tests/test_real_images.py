@@ -22,8 +22,8 @@ import pytest
 from PIL import Image
 
 from tf_twobranch.errors import DataFormatError
-from tf_twobranch.features.images import (DEFAULT_STACK_SIZE, image_file_shape, load_image,
-                                          load_images_at_size, resize)
+from tf_twobranch.data.formats.images import image_file_shape, load_image
+from tf_twobranch.features.images import DEFAULT_STACK_SIZE, load_images_at_size, resize
 
 IMAGE_IDS = ["100652400", "1016887272", "101958970", "3359636318",
              "4945942737", "6338542128", "6959556104", "7162685234"]

@@ -318,7 +318,7 @@ def test_real_vocabulary_with_word_vectors(realdata):
     from tf_twobranch.data.formats import read_token_file
     from tf_twobranch.data.text_codes import build_text_vocabulary
     from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.features.word_vectors import WordVectors
+    from tf_twobranch.data.formats.word_vectors import WordVectors
 
     corpus = read_token_file(realdata / "flickr30k" / "captions_multi30k.token")
     tokens = [tokenize_caption(c) for c in corpus.captions[:20000]]
@@ -331,7 +331,7 @@ def test_real_vocabulary_with_word_vectors(realdata):
 
 
 def test_word_vector_file_restricts_the_dictionary(tiny, tmp_path):
-    from tf_twobranch.features.word_vectors import WordVectors, save_word_vectors
+    from tf_twobranch.data.formats.word_vectors import WordVectors, save_word_vectors
 
     known = ["red", "dog", "cat", "grass", "runs"]
     path = tmp_path / "vectors.txt"

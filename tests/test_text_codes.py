@@ -7,7 +7,7 @@ from tf_twobranch.data.text_codes import (TokenCoder, build_text_vocabulary, che
                                           encode_captions, initial_word_matrix)
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.features.word_vectors import WordVectors, load_word_vectors
+from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors
 
 CAPTIONS = [
     "A man's RED hat, and a dog!",
@@ -119,7 +119,7 @@ def test_unknown_word_vector_format_is_a_clear_error(tmp_path):
 
 
 def test_vocabulary_from_a_word_vector_file(tmp_path):
-    from tf_twobranch.features.word_vectors import save_word_vectors
+    from tf_twobranch.data.formats.word_vectors import save_word_vectors
 
     vectors = _vectors(["a", "dog", "snow"], dim=3)
     path = tmp_path / "w2v.bin"

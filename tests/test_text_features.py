@@ -7,7 +7,7 @@ from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features.text_features import (FisherVectorEncoder, MeanWordVectorEncoder, TfidfEncoder,
                                                  build_text_encoder, fisher_vectors, fit_hglmm,
                                                  load_text_encoder)
-from tf_twobranch.features.word_vectors import WordVectors
+from tf_twobranch.data.formats.word_vectors import WordVectors
 
 WORDS = ["a", "dog", "cat", "runs", "sits", "red", "car", "road", "the", "big"]
 

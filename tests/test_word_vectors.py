@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tf_twobranch.errors import DataFormatError
-from tf_twobranch.features.word_vectors import (WordVectors, load_word_vectors, save_word_vectors,
-                                                train_word_vectors)
+from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors, save_word_vectors
+from tf_twobranch.features.word_vectors import train_word_vectors
 
 
 @pytest.fixture

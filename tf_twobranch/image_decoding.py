@@ -5,7 +5,7 @@ exports (`tf_twobranch.export.serving.decode_jpeg_batch`,
 `tf_twobranch.export.localization.decode_image_exact`) all decode with it. It
 sits below `tf_twobranch.features`, `tf_twobranch.sampling` and
 `tf_twobranch.export` so that none of them imports another for it. The
-NumPy/PIL reader of image files is `tf_twobranch.features.images.load_image`.
+NumPy/PIL reader of image files is `tf_twobranch.data.formats.images.load_image`.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def tf_decode_image(image_bytes, *, name: str | None = None, check_format: bool 
     """Decodes one encoded JPEG/PNG/BMP/GIF image into a uint8 (H, W, 3) tensor.
 
     JPEGs are decoded with libjpeg's accurate integer DCT, the decoder PIL
-    uses, so pixels equal `tf_twobranch.features.images.load_image`'s (TF's default fast DCT differs by up
+    uses, so pixels equal `tf_twobranch.data.formats.images.load_image`'s (TF's default fast DCT differs by up
     to ~20 grey levels); the other formats with `tf.io.decode_image` (the
     first frame of a GIF).  Grayscale is expanded to RGB, alpha dropped.
 

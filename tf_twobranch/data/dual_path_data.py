@@ -114,7 +114,7 @@ def validate_image_files(image_paths: Sequence[str], *, image_ids: Sequence[str]
     """
     from PIL import Image, UnidentifiedImageError
 
-    from tf_twobranch.features.images import load_image
+    from tf_twobranch.data.formats.images import load_image
 
     _check_validate(validate)
     full = validate == "full" or (validate == "auto" and len(image_paths) <= FULL_DECODE_LIMIT)
@@ -155,7 +155,7 @@ def check_num_classes(data: DualPathData, num_classes: int) -> None:
 def _load_word_vectors(word_vectors, words):
     if word_vectors is None or not isinstance(word_vectors, (str, os.PathLike)):
         return word_vectors
-    from tf_twobranch.features.word_vectors import load_word_vectors
+    from tf_twobranch.data.formats.word_vectors import load_word_vectors
 
     return load_word_vectors(word_vectors, vocabulary=words)
 

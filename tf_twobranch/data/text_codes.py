@@ -56,7 +56,7 @@ def build_text_vocabulary(token_lists: Iterable[Iterable[str]], word_vectors=Non
 
     Args:
       token_lists: the tokenized TRAINING captions (`tokenize_caption`).
-      word_vectors: a `tf_twobranch.features.word_vectors.WordVectors` (or any
+      word_vectors: a `tf_twobranch.data.formats.word_vectors.WordVectors` (or any
         container supporting ``word in word_vectors``); when given, words
         without a vector are dropped (§3.2: the dictionary is the training
         words that word2vec knows).

@@ -24,7 +24,8 @@ from absl import logging
 from tf_twobranch.batching import inference_function
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features.backbones import backbone_input_size
-from tf_twobranch.features.images import load_image, resize, ten_crops
+from tf_twobranch.data.formats.images import load_image
+from tf_twobranch.features.images import resize, ten_crops
 
 __all__ = ["extract_image_features", "extract_region_features", "default_resize_to", "validate_boxes"]
 

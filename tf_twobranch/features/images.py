@@ -22,20 +22,18 @@ mirror images of those five in the same order.
 from __future__ import annotations
 
 import os
-import pathlib
 from typing import Sequence
 
 import numpy as np
 from absl import logging
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.data.formats.images import image_file_shape, load_image
+from tf_twobranch.errors import ConfigError
 
 __all__ = [
     "CROP_NAMES",
     "DEFAULT_STACK_SIZE",
-    "image_file_shape",
-    "load_image",
     "load_images_at_size",
     "resize",
     "resize_shorter_side",
@@ -50,54 +48,6 @@ CROP_NAMES = (
     "top_left_mirror", "top_right_mirror", "bottom_left_mirror",
     "bottom_right_mirror", "center_mirror",
 )
-
-
-def load_image(path: str | os.PathLike) -> np.ndarray:
-    """Reads an image file as RGB.
-
-    Grayscale, palette, CMYK and RGBA images are converted to RGB (alpha is
-    dropped).
-
-    Args:
-      path: a JPEG/PNG/... file readable by PIL.
-
-    Returns:
-      uint8 array of shape (H, W, 3).
-
-    Raises:
-      DataFormatError: the file is missing, empty, or cannot be decoded.
-    """
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise DataFormatError(path, "image file does not exist" if not path.exists()
-                              else "expected an image file, found a directory")
-    if path.stat().st_size == 0:
-        raise DataFormatError(path, "image file is empty (0 bytes)")
-    try:
-        with Image.open(path) as pil_image:
-            pil_image.load()  # forces decoding so that truncated files fail here
-            rgb = pil_image.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise DataFormatError(path, f"cannot decode image ({err}); expected a JPEG/PNG image") from None
-    array = np.asarray(rgb, dtype=np.uint8)
-    if array.ndim != 3 or array.shape[0] == 0 or array.shape[1] == 0:
-        raise DataFormatError(path, f"decoded image has unusable shape {array.shape}")
-    return array
-
-
-def image_file_shape(path: str | os.PathLike) -> tuple[int, int]:
-    """(height, width) of an image file, read from its header (no decoding).
-
-    Equals ``load_image(path).shape[:2]`` (no EXIF rotation is applied by
-    either).  A file whose header cannot be read is decoded with `load_image`,
-    so that the error is its `DataFormatError` naming the file.
-    """
-    try:
-        with Image.open(path) as pil_image:
-            width, height = pil_image.size
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        height, width = load_image(path).shape[:2]
-    return int(height), int(width)
 
 
 # Side used by `load_images_at_size` when the images differ in size: the

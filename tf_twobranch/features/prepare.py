@@ -154,7 +154,8 @@ def sentence_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus]):
     from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
     kwargs = {}
     if encoder_needs_word_vectors(spec.text_encoder):
-        from tf_twobranch.features.word_vectors import load_word_vectors, train_word_vectors
+        from tf_twobranch.data.formats.word_vectors import load_word_vectors
+        from tf_twobranch.features.word_vectors import train_word_vectors
         if spec.word_vectors:
             vocab = {w for t in tokens["train"] for w in t}
             wv = load_word_vectors(spec.word_vectors, vocabulary=vocab)

@@ -216,7 +216,7 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
         sizes = {i: tuple(size) for i, size in zip(ids, cached_sizes)}
     else:
         from PIL import Image
-        from tf_twobranch.features.images import load_image
+        from tf_twobranch.data.formats.images import load_image
         sizes = {}
         for image_id, path in zip(ids, layout.image_paths(ids)):
             try:
@@ -235,7 +235,7 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
                      else f"within the {IMAGE_TOLERANCE:g}-pixel tolerance")
     if not index_path.exists():
         from tf_twobranch.features.image_features import extract_region_features
-        from tf_twobranch.features.images import load_image
+        from tf_twobranch.data.formats.images import load_image
         backbone = region_backbone(layout, region_dir, spec)
         dim = int(backbone.output_shape[-1])
         counts = [len(proposals[i]) for i in ids]
@@ -324,7 +324,8 @@ def load_phrase_encoder(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpe
     phrase_tokens = [t for t in phrase_tokens if t]
     kwargs = {}
     if encoder_needs_word_vectors(spec.text_encoder):
-        from tf_twobranch.features.word_vectors import load_word_vectors, train_word_vectors
+        from tf_twobranch.data.formats.word_vectors import load_word_vectors
+        from tf_twobranch.features.word_vectors import train_word_vectors
         if spec.word_vectors:
             wv = load_word_vectors(spec.word_vectors, vocabulary={w for t in phrase_tokens for w in t})
         else:

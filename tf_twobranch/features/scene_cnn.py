@@ -185,7 +185,7 @@ def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[st
     phrase has a box.
 
     The boxes are in the pixel coordinates of the image *files*.  When
-    `images` were resized (`tf_twobranch.features.images.load_images_at_size`
+    `images` were resized (`tf_twobranch.data.formats.images.load_images_at_size`
     on files of other sizes), pass the files as `image_paths`: the crop of a
     box is then taken from the original image (full resolution, the object's
     aspect ratio kept) and resized to the images' size.  Rows whose file
@@ -219,7 +219,7 @@ def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[st
         if image_paths is None:
             return images[row[image_id]]
         if image_id not in originals:
-            from tf_twobranch.features.images import image_file_shape, load_image
+            from tf_twobranch.data.formats.images import image_file_shape, load_image
             path = image_paths[row[image_id]]
             originals.clear()  # boxes come grouped by image: keep one decoded image
             originals[image_id] = (images[row[image_id]] if image_file_shape(path) == images.shape[1:3]
@@ -320,7 +320,7 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
 
     Args:
       images: uint8 (N, S, S, 3) training images (square, all the same size;
-        `tf_twobranch.features.images.load_images_at_size` brings files of
+        `tf_twobranch.data.formats.images.load_images_at_size` brings files of
         any sizes to this form).
       token_lists_per_image: for each image, its captions as token lists
         (training captions only: the features must not see test text).
@@ -350,7 +350,7 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
     images = np.asarray(images)
     if images.ndim != 4 or images.shape[3] != 3 or images.shape[1] != images.shape[2]:
         raise ConfigError(f"train_scene_cnn expects square RGB images (N, S, S, 3), got {images.shape}; "
-                          "load image files of any sizes with tf_twobranch.features.images.load_images_at_size")
+                          "load image files of any sizes with tf_twobranch.data.formats.images.load_images_at_size")
     if images.dtype != np.uint8:
         raise ConfigError(f"train_scene_cnn expects uint8 images, got {images.dtype}")
     if len(token_lists_per_image) != len(images):

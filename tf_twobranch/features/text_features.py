@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.features.word_vectors import WordVectors
+from tf_twobranch.data.formats.word_vectors import WordVectors
 
 logger = logging.getLogger(__name__)
 

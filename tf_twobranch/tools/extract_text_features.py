@@ -111,7 +111,8 @@ def run() -> dict:
     from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
     from tf_twobranch.data.tokenize import tokenize_caption
     from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
-    from tf_twobranch.features.word_vectors import load_word_vectors, save_word_vectors, train_word_vectors
+    from tf_twobranch.data.formats.word_vectors import load_word_vectors, save_word_vectors
+    from tf_twobranch.features.word_vectors import train_word_vectors
 
     _check_flags()
     os.makedirs(FLAGS.out_dir, exist_ok=True)
