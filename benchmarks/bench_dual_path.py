@@ -30,7 +30,12 @@ import os
 import sys
 import time
 
+import numpy as np
+from PIL import Image
+
 from benchmarks import common
+from tf_twobranch.data.embedded import load_embedded_dataset
+from tf_twobranch.data.layout import resolve_dataset
 
 # Zheng et al. §3, §5, §6.2 and Table 1 (Flickr30K: 29,783 training images,
 # dictionary of 20,074 words).
@@ -52,14 +57,15 @@ def _quiet_tf():
 
 def dual_path_config(sizes: dict, stage: int = 2):
     """The `DualPathConfig` of `sizes` (PAPER_SIZES or TOY_SIZES) at `stage`."""
+    # TensorFlow modules only inside the functions that run (in the spawn children, after
+    # _quiet_tf): the parent that selects and reports benchmarks never imports TensorFlow.
     from tf_twobranch.models.dual_path import DualPathConfig
     kw = {k: v for k, v in sizes.items() if k != "batch_size"}
     return DualPathConfig(stage=stage, **kw)
 
 
 def _random_batch(sizes: dict, seed: int = 0) -> dict:
-    import numpy as np
-    import tensorflow as tf
+    import tensorflow as tf  # in the measuring child only (see dual_path_config)
     rng = np.random.default_rng(seed)
     b, s, length = sizes["batch_size"], sizes["image_size"], sizes["max_len"]
     lengths = rng.integers(8, min(length, 24) + 1, size=b)   # captions of 8-24 words
@@ -83,6 +89,7 @@ def forward_child(tower: str, precision: str = "float32", sizes: dict = PAPER_SI
     one). Returns seconds per batch (median, all) and items/s.
     """
     _quiet_tf()
+    # TensorFlow after _quiet_tf, in the measuring child only (see dual_path_config).
     import keras
     import tensorflow as tf
     from tf_twobranch.models import dual_path
@@ -124,6 +131,7 @@ def step_child(stage: int, precision: str = "float32", sizes: dict = PAPER_SIZES
     the two instance losses.
     """
     _quiet_tf()
+    # TensorFlow after _quiet_tf, in the measuring child only (see dual_path_config).
     import keras
     from tf_twobranch.models.dual_path import DualPathModel
     from tf_twobranch.speed import precision_scope
@@ -157,9 +165,8 @@ def pipeline_child(sizes: dict = PAPER_SIZES, batches: int = 20, warmup: int = 3
     position-shifted captions, as the training stream of the experiments.
     """
     _quiet_tf()
+    # These import TensorFlow: after _quiet_tf, in the measuring child only (see dual_path_config).
     from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
-    from tf_twobranch.data.embedded import load_embedded_dataset
-    from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.sampling import dual_path as sampling
 
     t0 = time.perf_counter()
@@ -191,7 +198,6 @@ def pipeline_child(sizes: dict = PAPER_SIZES, batches: int = 20, warmup: int = 3
 
 
 def _jpeg_size(path) -> list:
-    from PIL import Image
     with Image.open(path) as image:
         return list(image.size)
 

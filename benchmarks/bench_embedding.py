@@ -31,6 +31,8 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
 from benchmarks import common
 
 # Paper-size embedding network and batch (TPAMI §5.1, the original code).
@@ -114,6 +116,8 @@ MODEL_KINDS = ("embedding", "similarity", "lstm")
 
 def model_config(kind: str = "embedding", sizes: dict = PAPER_SIZES):
     """`TwoBranchConfig` of the embedding / similarity network or the LSTM text branch."""
+    # TensorFlow modules only inside the functions that run (in the spawn children, after
+    # _quiet_tf): the parent that selects and reports benchmarks never imports TensorFlow.
     from tf_twobranch.models.two_branch import TwoBranchConfig
     common_kw = dict(image_dim=sizes["image_dim"], image_hidden=(sizes["hidden"],),
                      embed_dim=sizes["embed"])
@@ -134,7 +138,7 @@ def examples_per_batch(kind: str = "embedding", sizes: dict = PAPER_SIZES) -> in
     return 2 * texts if kind == "similarity" else texts
 
 
-def _paper_batch(tf, np, seed=0, kind: str = "embedding", sizes: dict = PAPER_SIZES):
+def _paper_batch(tf, seed=0, kind: str = "embedding", sizes: dict = PAPER_SIZES):
     rng = np.random.default_rng(seed)
     n_img, per = sizes["num_images"], sizes["sample_size"]
     n_txt = n_img * per
@@ -158,8 +162,9 @@ def _paper_batch(tf, np, seed=0, kind: str = "embedding", sizes: dict = PAPER_SI
     }
 
 
-def _feature_dataset(np, num_images=2000, seed=0, sizes: dict = PAPER_SIZES):
+def _feature_dataset(num_images=2000, seed=0, sizes: dict = PAPER_SIZES):
     """`attach_features` over `image_sentence_batches` with random features."""
+    # Imports TensorFlow: in the measuring child only (see model_config).
     from tf_twobranch.sampling.image_sentence import attach_features, image_sentence_batches
     rng = np.random.default_rng(seed)
     caption_image = np.repeat(np.arange(num_images), CAPTIONS_PER_IMAGE)
@@ -176,8 +181,7 @@ def pipeline_child(batches: int = 30, warmup: int = 3, num_images: int = 2000,
                    sizes: dict = PAPER_SIZES) -> dict:
     """Batches/s of `image_sentence_batches` + `attach_features` alone (random features in RAM)."""
     _quiet_tf()
-    import numpy as np
-    iterator = iter(_feature_dataset(np, num_images=num_images, sizes=sizes))
+    iterator = iter(_feature_dataset(num_images=num_images, sizes=sizes))
     for _ in range(warmup):
         next(iterator)
     t0 = time.perf_counter()
@@ -192,6 +196,7 @@ def pipeline_child(batches: int = 30, warmup: int = 3, num_images: int = 2000,
 
 def _make_variant_model(variant: str, kind: str = "embedding", sizes: dict = PAPER_SIZES):
     """The package's model, or a copy with one candidate change to the step."""
+    # TensorFlow in the measuring child only (see model_config).
     import tensorflow as tf
     from tf_twobranch import losses
     from tf_twobranch.models.two_branch import TwoBranchModel
@@ -265,6 +270,7 @@ def static_shape_ranking_loss(image_embeds, text_embeds, labels, *, margin=0.05,
     the package's loss whenever every anchor has >= K negatives (also with
     several positives per row).
     """
+    # TensorFlow in the measuring child only (see model_config).
     import tensorflow as tf
     from tf_twobranch import losses
     labels = tf.cast(labels, tf.bool)
@@ -308,7 +314,7 @@ def _train_child(jit_compile: bool, input_path: str, variant: str, steps: int,
     "tfdata" (the feature pipeline; embedding network only).
     """
     _quiet_tf()
-    import numpy as np
+    # TensorFlow after _quiet_tf, in the measuring child only (see model_config).
     import tensorflow as tf
     import keras
     from tf_twobranch.speed import precision_scope
@@ -321,10 +327,10 @@ def _train_child(jit_compile: bool, input_path: str, variant: str, steps: int,
     model.optimizer.build(model.trainable_variables)
     model.make_train_function()
     if input_path == "fixed":
-        batch = _paper_batch(tf, np, kind=kind, sizes=sizes)
+        batch = _paper_batch(tf, kind=kind, sizes=sizes)
         next_input = lambda: iter([batch])  # noqa: E731  (the non-tf.data branch of fit's function)
     else:
-        iterator = iter(_feature_dataset(np, sizes=sizes))  # a tf.data.Iterator, as fit() uses
+        iterator = iter(_feature_dataset(sizes=sizes))  # a tf.data.Iterator, as fit() uses
         next_input = lambda: iterator  # noqa: E731
     t0 = time.perf_counter()
     try:
@@ -361,14 +367,14 @@ def _train_child(jit_compile: bool, input_path: str, variant: str, steps: int,
 def _breakdown_child(jit_compile: bool, repeats: int) -> dict:
     """Where the step's time goes: forward, backward, optimizer, loss parts."""
     _quiet_tf()
-    import numpy as np
+    # TensorFlow after _quiet_tf, in the measuring child only (see model_config).
     import tensorflow as tf
     import keras
     from tf_twobranch import losses
     keras.utils.set_random_seed(0)
     model = _make_variant_model("package")
     model.compile(optimizer=keras.optimizers.Adam(1e-4))
-    batch = _paper_batch(tf, np)
+    batch = _paper_batch(tf)
     cfg = model.config
     fn = lambda f: tf.function(f, jit_compile=jit_compile)  # noqa: E731
 
@@ -492,7 +498,6 @@ def _breakdown_child(jit_compile: bool, repeats: int) -> dict:
 # --- evaluation (subprocess) -------------------------------------------------------
 
 def _random_embeddings(num_images: int, seed: int = 0):
-    import numpy as np
     rng = np.random.default_rng(seed)
     num_captions = num_images * CAPTIONS_PER_IMAGE
     images = rng.standard_normal((num_images, EVAL_DIM), np.float32)
@@ -507,15 +512,15 @@ def _random_embeddings(num_images: int, seed: int = 0):
 
 def _eval_setup(num_images: int, chunk_size: int):
     _quiet_tf()
-    import tensorflow as tf  # noqa: F401  (import cost belongs to the baseline)
-    from tf_twobranch.evaluation import retrieval  # noqa: F401
-    return (*_random_embeddings(num_images), chunk_size)
+    # Imported here, in the measuring child, so that its cost (TensorFlow's included) belongs
+    # to the baseline of `common.measure_peak_memory`, not to the measured calls.
+    from tf_twobranch.evaluation import retrieval
+    return (retrieval.retrieval_metrics, *_random_embeddings(num_images), chunk_size)
 
 
 def _eval_run(state):
-    from tf_twobranch.evaluation import retrieval
-    images, texts, caption_image, chunk_size = state
-    return retrieval.retrieval_metrics(images, texts, caption_image, chunk_size=chunk_size)
+    retrieval_metrics, images, texts, caption_image, chunk_size = state
+    return retrieval_metrics(images, texts, caption_image, chunk_size=chunk_size)
 
 
 def _eval_time_child(image_counts, chunk_size, repeats) -> list:
@@ -551,7 +556,7 @@ def measure_evaluation(num_images: int, chunk_size: int = 2048, repeats: int = 3
 
 def _naive_setup(num_images: int):
     _quiet_tf()
-    import numpy as np
+    # TensorFlow after _quiet_tf, in the measuring child (its cost is in the memory baseline).
     import tensorflow as tf
     images, texts, caption_image = _random_embeddings(num_images)
     labels = np.zeros((len(texts), num_images), bool)   # the original feeds this matrix
@@ -567,6 +572,7 @@ def _naive_run(state):
     one-hot encoding each of the K columns, and a query is a hit when the
     mask meets a positive. R@K only (the original reports no ranks).
     """
+    # TensorFlow in the measuring child only (see model_config).
     import tensorflow as tf
     from tf_twobranch.losses import pairwise_distance
     images, texts, labels = state
@@ -707,7 +713,7 @@ def run_evaluation(args, report, lines):
          "pairs / 5K pairs"], rows,
         title=f"(b) Evaluation: retrieval_metrics (both directions, R@1/5/10, medr, meanr), "
               f"chunk {chunk}"))
-    lines.append(f"  5K metrics (random embeddings): " + ", ".join(
+    lines.append("  5K metrics (random embeddings): " + ", ".join(
         f"{k}={v:.2f}" for k, v in m5.items()))
     lines.append("")
     lines.append(common.format_table(

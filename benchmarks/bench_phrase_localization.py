@@ -29,12 +29,18 @@ Benchmarks print figures; they are not tests.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
 import time
 
+import numpy as np
+from threadpoolctl import threadpool_limits
+
 from benchmarks import common
+from tf_twobranch.data.phrase_localization_data import build_phrase_localization_data
+from tf_twobranch.data.phrases import PhraseExample
 
 # TPAMI §4.4 / experiments/phrase_localization.py: branches 4096/6000 -> 1024 -> 512, no dropout.
 PAPER_MODEL = dict(image_dim=4096, text_dim=6000, image_hidden=(1024,), text_hidden=(1024,),
@@ -66,7 +72,6 @@ def _mem_available_bytes() -> int | None:
 # --- synthetic data ----------------------------------------------------------------
 
 def _random_types(rng, n):
-    import numpy as np
     first = rng.choice(len(PHRASE_TYPES), size=n, p=np.asarray(TYPE_FREQUENCY) / sum(TYPE_FREQUENCY))
     second = rng.integers(0, len(PHRASE_TYPES), size=n)
     two = rng.random(n) < 0.05     # a few phrases have two types (e.g. people + clothing)
@@ -78,7 +83,6 @@ def _fill_rows(out, rng, block_rows=8192, signed=False):
     """Fills a large float32 matrix by repeating a random block (memcpy speed,
     not RNG speed: the contents do not matter for timing, only that every
     page is resident)."""
-    import numpy as np
     block = rng.standard_normal((min(block_rows, len(out)), out.shape[1]), np.float32)
     if not signed:
         np.abs(block, out=block)   # CNN fc7 features are non-negative
@@ -99,11 +103,6 @@ def synthetic_phrase_data(num_images: int, phrases_per_image: float, num_proposa
     the `num_proposals` are random boxes. Region features (R, region_dim)
     and phrase features (P, text_dim) are float32 in RAM.
     """
-    import dataclasses
-    import numpy as np
-    from tf_twobranch.data.phrase_localization_data import build_phrase_localization_data
-    from tf_twobranch.data.phrases import PhraseExample
-
     rng = np.random.default_rng(seed)
     examples, proposals, prop_feats, gt_feats = [], {}, {}, {}
     num_phrases_per_image = rng.poisson(phrases_per_image - 1, size=num_images) + 1
@@ -160,7 +159,8 @@ def synthetic_phrase_data(num_images: int, phrases_per_image: float, num_proposa
 
 def _eval_child(num_phrases: int, num_proposals: int, repeats: int) -> dict:
     _quiet_tf()
-    import numpy as np
+    # Imports TensorFlow: after _quiet_tf, in the measuring child only; the parent that selects
+    # and reports benchmarks never imports TensorFlow.
     from tf_twobranch.evaluation import phrase_localization as ev
     rng = np.random.default_rng(0)
     scores = rng.standard_normal((num_phrases, num_proposals)).astype(np.float32)
@@ -195,7 +195,7 @@ def _eval_child(num_phrases: int, num_proposals: int, repeats: int) -> dict:
 
 def _scoring_child(num_images: int, phrases_per_image: float, num_proposals: int, repeats: int) -> dict:
     _quiet_tf()
-    import numpy as np
+    # TensorFlow after _quiet_tf, in the measuring child only (see _eval_child).
     import keras
     from tf_twobranch.evaluation import phrase_localization as ev
     from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
@@ -255,7 +255,6 @@ def _scoring_child(num_images: int, phrases_per_image: float, num_proposals: int
     # Default BLAS threads: once (slow on a loaded machine, see the report).
     scoring = common.time_repeats(lambda: ev.score_phrases_with_model(stub, data), repeats=1,
                                   warmup=0)
-    from threadpoolctl import threadpool_limits
     with threadpool_limits(limits=1, user_api="blas"):
         scoring_1 = common.time_repeats(lambda: ev.score_phrases_with_model(stub, data),
                                         repeats=repeats, warmup=0)
@@ -281,8 +280,7 @@ def _pipeline_child(kind: str, num_images: int, phrases_per_image: float, num_pr
                     region_dim: int, pipeline_batches: int, train_steps: int, train_warmup: int,
                     negatives_per_phrase: int) -> dict:
     _quiet_tf()
-    import numpy as np  # noqa: F401
-    import tensorflow as tf  # noqa: F401
+    # TensorFlow after _quiet_tf, in the measuring child only (see _eval_child).
     import keras
     from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
     from tf_twobranch.sampling import phrase_localization as pl

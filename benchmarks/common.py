@@ -14,6 +14,8 @@ import platform
 import resource
 import statistics
 import time
+import traceback
+from importlib.metadata import version
 from typing import Any, Callable, Sequence
 
 from tf_twobranch.json_files import write_json
@@ -68,7 +70,6 @@ def machine_description() -> dict:
         "python": platform.python_version(),
     }
     try:  # versions without importing TF into the parent process
-        from importlib.metadata import version
         desc["tensorflow"] = version("tensorflow")
         desc["keras"] = version("keras")
         desc["numpy"] = version("numpy")
@@ -131,7 +132,6 @@ def _subprocess_entry(conn, fn, args, kwargs):
     try:
         conn.send(("ok", fn(*args, **kwargs)))
     except BaseException as e:  # report, never hang the parent
-        import traceback
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
         conn.close()
@@ -236,6 +236,7 @@ def time_train_steps(train_function: Callable, next_input: Callable[[], Any], *,
 
 
 def _matmul_child(shapes, repeats, min_seconds, threads):
+    # TensorFlow only in the spawned child: the parent process never imports it.
     import tensorflow as tf
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)

@@ -31,6 +31,7 @@ Every measurement runs in a fresh spawn subprocess (`benchmarks.common`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -289,7 +290,6 @@ def main(argv=None):
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # inherited by the spawn children
     if args.from_json:
-        import json
         with open(args.from_json, encoding="utf-8") as f:
             report = json.load(f)
         rows, notes = build_rows(report)

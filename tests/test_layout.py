@@ -192,9 +192,8 @@ def _pl_flags(tmp_path, root):
 def test_one_folder_resolves_identically_for_the_three_experiments(tmp_path, monkeypatch):
     from experiments import image_sentence_retrieval as isr
     from experiments import phrase_localization as pl
-    from tf_twobranch.data import proposal_generator
     from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
-    from tf_twobranch.features import images
+    from tf_twobranch.features import prepare, prepare_regions
 
     root = _flickr_folder(tmp_path / "flickr30k")   # images in flickr30k-images/, one PNG
     layout = resolve_dataset(root)
@@ -209,7 +208,7 @@ def test_one_folder_resolves_identically_for_the_three_experiments(tmp_path, mon
         read["image_sentence"] = [str(p) for p in paths]
         raise _Stop
 
-    monkeypatch.setattr(images, "load_images_at_size", stop_loading)
+    monkeypatch.setattr(prepare, "load_images_at_size", stop_loading)  # the name prepare imported
     with pytest.raises(_Stop):
         isr.load_data(_isr_flags(tmp_path, root))
     assert read["image_sentence"] == [str(expected[i]) for i in TRAIN]
@@ -219,7 +218,7 @@ def test_one_folder_resolves_identically_for_the_three_experiments(tmp_path, mon
         read["phrase_localization"] = dict(zip(image_ids, (str(p) for p in image_paths)))
         raise _Stop
 
-    monkeypatch.setattr(proposal_generator, "generate_proposals_for_images", stop_proposals)
+    monkeypatch.setattr(prepare_regions, "generate_proposals_for_images", stop_proposals)  # its imported name
     with pytest.raises(_Stop):
         pl.load_data(_pl_flags(tmp_path, root))
     assert read["phrase_localization"] == {i: str(expected[i]) for i in IDS}

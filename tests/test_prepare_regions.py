@@ -121,7 +121,6 @@ def test_proposals_outside_the_image_are_refused(tiny_dataset, tiny_layout, tmp_
 
 def test_clip_proposals_clips_crops_and_iou_boxes_alike(tiny_dataset, tiny_layout, tmp_path, monkeypatch):
     from tf_twobranch.data.phrase_localization_data import build_phrase_localization_data
-    from tf_twobranch.features import image_features
 
     path, test_ids = _proposals_with_one_box_outside(tiny_dataset, tmp_path)
     crops = {}
@@ -134,7 +133,7 @@ def test_clip_proposals_clips_crops_and_iou_boxes_alike(tiny_dataset, tiny_layou
         return np.zeros((len(boxes), 3), np.float32)
 
     monkeypatch.setattr(pr, "region_backbone", lambda *args: Backbone())
-    monkeypatch.setattr(image_features, "extract_region_features", fake_extract)
+    monkeypatch.setattr(pr, "extract_region_features", fake_extract)  # the name prepare_regions imported
     spec = _spec(proposals=str(path), max_images={"test": 3}, clip_proposals=True)
     regions = pr.split_region_features(tiny_layout, "test", tmp_path / "cache", spec)
     clipped = regions["proposals"][test_ids[1]]

@@ -171,16 +171,16 @@ def test_entity_crops_come_from_the_original_images(dataset):
 def test_retrieval_features_with_scene_cnn_on_real_images(dataset, tmp_path, monkeypatch):
     from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.data.retrieval_data import load_caption_splits
-    from tf_twobranch.features import scene_cnn
+    from tf_twobranch.features import prepare
     from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features
     trained = []
-    original_train = scene_cnn.train_scene_cnn
+    original_train = prepare.train_scene_cnn
 
     def recording_train(images, tokens, **kwargs):
         trained.append((images.shape, None if kwargs.get("region_crops") is None else kwargs["region_crops"].shape))
         return original_train(images, tokens, **kwargs)
 
-    monkeypatch.setattr(scene_cnn, "train_scene_cnn", recording_train)
+    monkeypatch.setattr(prepare, "train_scene_cnn", recording_train)  # the name prepare imported
     splits = load_caption_splits(dataset)
     spec = FeatureSpec(image_backbone="scene_cnn", scene_cnn_epochs=1, ten_crop=True,
                        text_encoder="mean_vector", word_dim=8)

@@ -278,6 +278,7 @@ def tf_iou_matrix(a, b):
     ``a`` (N, 4) and ``b`` (M, 4) float tensors; returns float32 (N, M) with the
     same +1 pixel convention.
     """
+    # TensorFlow only here: the numpy box code (used by the data readers) stays light.
     import tensorflow as tf
 
     boxes_a = tf.cast(tf.convert_to_tensor(a), tf.float32)

@@ -186,7 +186,6 @@ def _row_slice(value, num_slices: int, slice_id, key: str):
             f"batch key {key!r}: rows not divisible by the number of replicas"))
     else:
         if rows % num_slices:
-            from tf_twobranch.errors import ConfigError
             raise ConfigError(
                 f"batch key {key!r} has {rows} rows, not divisible by the "
                 f"{num_slices} replicas; choose a batch size that is a multiple of the "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import tensorflow as tf
+
 from tf_twobranch.errors import ConfigError
 
 __all__ = ["TF_IMAGE_FORMATS", "describe_image_formats", "tf_is_image_bytes", "tf_decode_image"]
@@ -37,8 +39,6 @@ def tf_is_image_bytes(image_bytes, formats: Sequence[str] = TF_IMAGE_FORMATS):
     Returns:
       a bool tensor of the shape of `image_bytes`.
     """
-    import tensorflow as tf
-
     unknown = [f for f in formats if f not in _IMAGE_MAGIC]
     if unknown or not formats:
         raise ConfigError(f"image formats must be some of {TF_IMAGE_FORMATS}, got {tuple(formats)!r}")
@@ -66,8 +66,6 @@ def tf_decode_image(image_bytes, *, name: str | None = None, check_format: bool 
         names the bad element).  Bytes with valid magic bytes and a
         truncated or corrupt body fail with the decoder's own error.
     """
-    import tensorflow as tf
-
     image_bytes = tf.convert_to_tensor(image_bytes, tf.string)
     checks = []
     if check_format:

@@ -51,6 +51,8 @@ import pathlib
 
 import numpy as np
 import scipy.linalg
+from sklearn.cross_decomposition import CCA
+from sklearn.utils.extmath import randomized_svd
 
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.vectors import l2_normalize_rows
@@ -123,7 +125,6 @@ def _whiten(centred: np.ndarray, reg: float, max_dim: int | None, seed: int,
     """Regularised whitening of one centred view (see the module docstring)."""
     n, dim = centred.shape
     if max_dim is not None and max_dim < dim:
-        from sklearn.utils.extmath import randomized_svd
         u, s, vt = randomized_svd(centred, max_dim, n_oversamples=10, n_iter=2,
                                   random_state=seed)
         # The ridge is relative to the reduced view (the PCA output is the CCA input).
@@ -287,7 +288,6 @@ class CCABaseline:
         return wh_x.apply(p), wh_y.apply(q), sigma
 
     def _fit_sklearn(self, xc, yc):
-        from sklearn.cross_decomposition import CCA
         n = xc.shape[0]
         k = min(self.n_components, xc.shape[1], yc.shape[1], n - 1)
         model = CCA(n_components=k, scale=False, max_iter=1000, tol=1e-10)

@@ -17,8 +17,13 @@ import os
 from typing import Sequence
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
+from tf_twobranch.data.formats.cuhk_pedes import read_cuhk_pedes
+from tf_twobranch.data.formats.images import load_image
+from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
+from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.data.text_codes import (LONG_CAPTION_POLICIES, build_text_vocabulary,
                                           check_caption_lengths, encode_captions)
 from tf_twobranch.data.tokenize import tokenize_caption
@@ -112,10 +117,6 @@ def validate_image_files(image_paths: Sequence[str], *, image_ids: Sequence[str]
         the record (image id) with the expected path; for a corrupt file,
         the image file and the record.
     """
-    from PIL import Image, UnidentifiedImageError
-
-    from tf_twobranch.data.formats.images import load_image
-
     _check_validate(validate)
     full = validate == "full" or (validate == "auto" and len(image_paths) <= FULL_DECODE_LIMIT)
     for i, path in enumerate(image_paths):
@@ -155,8 +156,6 @@ def check_num_classes(data: DualPathData, num_classes: int) -> None:
 def _load_word_vectors(word_vectors, words):
     if word_vectors is None or not isinstance(word_vectors, (str, os.PathLike)):
         return word_vectors
-    from tf_twobranch.data.formats.word_vectors import load_word_vectors
-
     return load_word_vectors(word_vectors, vocabulary=words)
 
 
@@ -216,8 +215,6 @@ def dual_path_data_from_retrieval(layout: DatasetLayout, split: str = "train", *
     The class of an image is its index in the split (for training: one class
     per training image, 29,783 on Flickr30K).
     """
-    from tf_twobranch.data.retrieval_data import load_caption_splits
-
     _check_validate(validate)
     corpora = load_caption_splits(layout)
     if split not in corpora:
@@ -261,8 +258,6 @@ def dual_path_data_from_pedes(layout: DatasetLayout, split: str = "train", *,
     Classes are the split's identities renumbered 0..n-1 in increasing id
     order (``class_names`` holds the original ids).
     """
-    from tf_twobranch.data.formats.cuhk_pedes import read_cuhk_pedes
-
     _check_validate(validate)
     if layout.caption_format != "cuhk_pedes":
         raise ConfigError(f"{layout.root}: expected a CUHK-PEDES folder (reid_raw.json), "

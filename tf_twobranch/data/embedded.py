@@ -53,6 +53,12 @@ from PIL import Image
 
 from tf_twobranch.data import scene_grammar as grammar
 from tf_twobranch.data.corpus import CaptionCorpus
+from tf_twobranch.data.formats.coco_captions import write_coco_captions
+from tf_twobranch.data.formats.flickr30k_entities import (EntitySentence, ImageAnnotation, Phrase,
+                                                          write_annotation_file, write_sentence_file)
+from tf_twobranch.data.formats.flickr30k_tokens import write_token_file
+from tf_twobranch.data.formats.karpathy_json import write_karpathy_json
+from tf_twobranch.data.formats.splits import write_split_file
 from tf_twobranch.errors import ConfigError
 
 #: Bump when the generated content or layout changes; a dataset with another
@@ -206,6 +212,7 @@ def _without_proposals(parameters: dict) -> dict:
 
 def _add_proposals(out_dir: pathlib.Path, manifest: dict, parameters: dict) -> dict:
     """Writes proposals.h5 into a complete dataset generated without them (atomic)."""
+    # The proposal generator imports scipy: only when proposals are made, the dataset reader stays light.
     from tf_twobranch.data.proposal_generator import generate_proposals_for_images
 
     started = time.perf_counter()
@@ -232,7 +239,8 @@ class _GlyphBank:
 
 
 def _load_glyphs(seed: int) -> _GlyphBank:
-    from sklearn.datasets import load_digits  # bundled with scikit-learn, no download
+    # scikit-learn only when images are generated (bundled digits, no download): reading stays light.
+    from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = (digits.images / 16.0).astype(np.float32)
@@ -378,8 +386,6 @@ def _image_ids(num_images: int, seed: int) -> list[str]:
 # --------------------------------------------------------------------------
 
 def _entity_sentences(scene: _Scene):
-    from tf_twobranch.data.formats.flickr30k_entities import EntitySentence, Phrase
-
     sentences = []
     for caption in scene.captions:
         phrases = [Phrase(p.first_word_index, p.text, p.chain_id, list(p.phrase_types)) for p in caption.phrases]
@@ -388,8 +394,6 @@ def _entity_sentences(scene: _Scene):
 
 
 def _image_annotation(scene: _Scene, image_size: int):
-    from tf_twobranch.data.formats.flickr30k_entities import ImageAnnotation
-
     mentioned = set()
     for caption in scene.captions:
         mentioned |= grammar.caption_mentions(caption)
@@ -426,11 +430,6 @@ def _write_dataset(directory: pathlib.Path, parameters: dict) -> dict:
     Returns timings in seconds (for the CLI report; not stored, so that
     files stay byte-identical between runs).
     """
-    from tf_twobranch.data.formats.coco_captions import write_coco_captions
-    from tf_twobranch.data.formats.flickr30k_tokens import write_token_file
-    from tf_twobranch.data.formats.karpathy_json import write_karpathy_json
-    from tf_twobranch.data.formats.splits import write_split_file
-
     started = time.perf_counter()
     num_images = parameters["num_images"]
     image_size = parameters["image_size"]
@@ -479,6 +478,7 @@ def _write_dataset(directory: pathlib.Path, parameters: dict) -> dict:
     timings["captions_and_metadata"] = time.perf_counter() - started - timings["images_and_entities"]
 
     if parameters["with_proposals"]:
+        # The proposal generator imports scipy: only when proposals are made, the dataset reader stays light.
         from tf_twobranch.data.proposal_generator import generate_proposals_for_images
 
         proposals_started = time.perf_counter()
@@ -498,8 +498,6 @@ def _write_dataset(directory: pathlib.Path, parameters: dict) -> dict:
 
 
 def _write_entities(directory: pathlib.Path, scene: _Scene, image_size: int) -> None:
-    from tf_twobranch.data.formats.flickr30k_entities import write_annotation_file, write_sentence_file
-
     write_sentence_file(directory / "Sentences" / f"{scene.image_id}.txt", _entity_sentences(scene))
     write_annotation_file(directory / "Annotations" / f"{scene.image_id}.xml", _image_annotation(scene, image_size),
                           f"{scene.image_id}.jpg")

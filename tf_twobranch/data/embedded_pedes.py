@@ -36,6 +36,13 @@ import tempfile
 
 import numpy as np
 
+from tf_twobranch.data.corpus import CaptionCorpus
+from tf_twobranch.data.embedded import MANIFEST_NAME as SOURCE_MANIFEST
+from tf_twobranch.data.embedded import (SCENES_FILE_NAME, TOKEN_FILE_NAME, default_dataset_dir,
+                                        load_embedded_dataset)
+from tf_twobranch.data.formats.cuhk_pedes import PedesSplit, write_cuhk_pedes
+from tf_twobranch.data.formats.flickr30k_entities import read_sentence_file
+from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
 from tf_twobranch.errors import ConfigError, DataFormatError
 
 FORMAT_VERSION = 1
@@ -49,8 +56,6 @@ CAPTIONS_PER_IMAGE = 2
 
 def default_pedes_dir() -> pathlib.Path:
     """``digit_pedes`` beside the embedded dataset's default folder."""
-    from tf_twobranch.data.embedded import default_dataset_dir
-
     return default_dataset_dir().parent / DATASET_NAME
 
 
@@ -60,8 +65,6 @@ def _identity_key(scene: dict) -> tuple:
 
 def _caption_order(source: pathlib.Path, scene: dict, captions: list[str]) -> list[int]:
     """Caption indices, most complete first (all entities mentioned)."""
-    from tf_twobranch.data.formats.flickr30k_entities import read_sentence_file
-
     sentence_path = source / "Sentences" / f"{scene['id']}.txt"
     chains = {str(e["chain_id"]) for e in scene.get("entities", [])}
     if chains and sentence_path.is_file():
@@ -73,9 +76,6 @@ def _caption_order(source: pathlib.Path, scene: dict, captions: list[str]) -> li
 
 
 def _read_source(source: pathlib.Path):
-    from tf_twobranch.data.embedded import SCENES_FILE_NAME, TOKEN_FILE_NAME
-    from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
-
     scenes_path = source / SCENES_FILE_NAME
     if not scenes_path.is_file():
         raise DataFormatError(scenes_path, "scenes.json of the embedded dataset is missing; "
@@ -116,9 +116,6 @@ def _link_or_copy(src: pathlib.Path, dst: pathlib.Path) -> None:
 
 
 def _write(directory: pathlib.Path, source: pathlib.Path, parameters: dict) -> dict:
-    from tf_twobranch.data.corpus import CaptionCorpus
-    from tf_twobranch.data.formats.cuhk_pedes import PedesSplit, write_cuhk_pedes
-
     scenes, corpus = _read_source(source)
     groups: dict[tuple, list[dict]] = {}
     for scene in scenes:
@@ -189,9 +186,6 @@ def generate_embedded_pedes(out_dir: str | os.PathLike | None = None, *,
     ``MANIFEST.json`` (parameters and the source's manifest; a change of
     either triggers a rebuild).
     """
-    from tf_twobranch.data.embedded import MANIFEST_NAME as SOURCE_MANIFEST
-    from tf_twobranch.data.embedded import load_embedded_dataset
-
     parameters = _parameters(min_images_per_identity, max_images_per_identity, val_fraction,
                              test_fraction)
     source = pathlib.Path(source_dir) if source_dir is not None else load_embedded_dataset(with_proposals=False)

@@ -35,13 +35,16 @@ candidates); :func:`generate_proposals_for_images` spreads images over
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 from typing import Iterable, Sequence
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 from scipy import ndimage
 
 from tf_twobranch.boxes import clip_boxes, descending_order_prefix, non_max_suppression, validate_boxes
+from tf_twobranch.data.formats.proposals import write_proposals
 from tf_twobranch.errors import ConfigError, DataFormatError
 
 
@@ -319,8 +322,6 @@ _CHUNKS_PER_WORKER = 8
 
 def _read_rgb(path: str) -> tuple[np.ndarray | None, str | None]:
     """``(pixels, None)``, or ``(None, what is wrong)`` when the file cannot be read as an image."""
-    from PIL import Image, UnidentifiedImageError
-
     try:
         with Image.open(path) as handle:
             return np.asarray(handle.convert("RGB")), None
@@ -385,14 +386,10 @@ def generate_proposals_for_images(image_paths: Iterable[str | os.PathLike], out_
     if not isinstance(num_proposals, (int, np.integer)) or num_proposals < 1:
         raise ConfigError(f"num_proposals must be a positive integer, got {num_proposals!r}")
 
-    from tf_twobranch.data.formats.proposals import write_proposals
-
     num_workers = int(min(num_workers, len(image_paths) // _MIN_IMAGES_PER_WORKER))
     if num_workers <= 1:
         outcomes = [_proposals_for_paths((image_paths, int(num_proposals), int(seed)))]
     else:
-        import multiprocessing
-
         chunk_size = -(-len(image_paths) // (num_workers * _CHUNKS_PER_WORKER))
         tasks = [(image_paths[start:start + chunk_size], int(num_proposals), int(seed))
                  for start in range(0, len(image_paths), chunk_size)]

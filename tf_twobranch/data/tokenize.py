@@ -74,6 +74,7 @@ def tf_tokenize(strings):
       tf.RaggedTensor of tf.string tokens with one more (ragged) dimension
       than `strings` (for a scalar string: a 1-D tf.string Tensor).
     """
+    # TensorFlow only for the graph tokenizer: `tokenize_caption` and the data readers stay light.
     import tensorflow as tf
     import tensorflow_text as tf_text
 

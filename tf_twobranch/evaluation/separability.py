@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 
 from tf_twobranch.errors import UserInputError
@@ -64,9 +66,7 @@ def separability_indicator(positives, negatives, bins: int = DEFAULT_BINS) -> fl
 def plot_similarity_histograms(positives, negatives, path: str | os.PathLike, *,
                                title: str = "", bins: int = DEFAULT_BINS) -> float:
     """Writes the Fig. 5-style histogram of P and Q to a PNG; returns S."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")  # PNG files only; pyplot resolves its backend at the first figure, not at import
 
     s = separability_indicator(positives, negatives, bins)
     edges = np.linspace(-1.0, 1.0, bins + 1)

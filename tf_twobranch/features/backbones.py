@@ -33,6 +33,7 @@ import keras
 from absl import logging
 
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features.scene_cnn import load_scene_cnn
 
 __all__ = [
     "BACKBONE_NAMES",
@@ -182,7 +183,6 @@ def build_backbone(name: str, *, weights_path: str | os.PathLike | None = None,
         if weights_path is None:
             raise ConfigError("backbone 'scene_cnn' needs the .keras file written by "
                               "train_scene_cnn/save_scene_cnn as its weights path")
-        from tf_twobranch.features.scene_cnn import load_scene_cnn
         model = load_scene_cnn(weights_path)
         if input_size is not None and backbone_input_size(model) != input_size:
             raise ConfigError(f"scene_cnn in {weights_path} was trained on {backbone_input_size(model)}-pixel "

@@ -25,6 +25,7 @@ import os
 from typing import Sequence
 
 import numpy as np
+import tensorflow as tf
 from absl import logging
 from PIL import Image
 
@@ -205,8 +206,6 @@ def tf_ten_crops(image, crop_size: int = 224, resize_to: int = 256):
       float32 tensor (10, crop_size, crop_size, 3) in CROP_NAMES order, values
       in the input's range (0..255 for uint8 input).
     """
-    import tensorflow as tf
-
     if crop_size < 1 or resize_to < crop_size:
         raise ConfigError(f"need 1 <= crop_size <= resize_to, got crop_size={crop_size}, resize_to={resize_to}")
     image = tf.cast(image, tf.float32)

@@ -35,10 +35,27 @@ from typing import Sequence
 
 import numpy as np
 from absl import logging
+from PIL import Image
 
+from tf_twobranch.boxes import clip_boxes
+from tf_twobranch.data.formats.images import load_image
+from tf_twobranch.data.formats.proposals import IMAGE_TOLERANCE, fit_proposals_to_images, read_proposals
+from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import SPLITS, DatasetLayout
+from tf_twobranch.data.phrase_localization_data import (build_phrase_localization_data, ground_truth_regions,
+                                                        unique_phrase_index)
+from tf_twobranch.data.phrases import build_phrase_examples
+from tf_twobranch.data.proposal_generator import generate_proposals_for_images
+from tf_twobranch.data.retrieval_data import load_caption_splits
+from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features.backbones import build_backbone
+from tf_twobranch.features.image_features import extract_region_features
+from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.prepare import IMAGE_BACKBONES, cache_digest
+from tf_twobranch.features.scene_cnn import load_scene_cnn, save_scene_cnn, train_scene_cnn
+from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors, load_text_encoder
+from tf_twobranch.features.word_vectors import train_word_vectors
 
 PHRASE_ENCODERS = ("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf")
 
@@ -99,7 +116,6 @@ def _proposals_source(layout: DatasetLayout, cache_dir: pathlib.Path, spec: Regi
         return layout.proposals
     generated = cache_dir / f"proposals_generated_{spec.max_proposals}_{cache_digest({'ids': list(all_ids)})}.h5"
     if not generated.exists():
-        from tf_twobranch.data.proposal_generator import generate_proposals_for_images
         logging.info("No proposals file: generating %d proposals for %d images into %s",
                      spec.max_proposals, len(all_ids), generated)
         generated.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +132,6 @@ def read_split_proposals(path, image_ids: Sequence[str], max_proposals: int) -> 
     Missing images (all of them counted in one error naming the first), an
     unreadable file or an invalid box are DataFormatErrors naming the file.
     """
-    from tf_twobranch.data.formats.proposals import read_proposals
     path = pathlib.Path(path)
     boxes = read_proposals(path, list(image_ids))
     out = {}
@@ -135,7 +150,6 @@ def _half_open(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
     same clipping that :func:`split_region_features` applies to the proposals
     used for IoU (there it is a no-op: those boxes are already inside).
     """
-    from tf_twobranch.boxes import clip_boxes
     b = clip_boxes(boxes, width, height).astype(np.float64)
     b[:, 2:] += 1
     return b
@@ -147,17 +161,12 @@ def _half_open(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
 def region_backbone(layout: DatasetLayout, region_dir: pathlib.Path, spec: RegionFeatureSpec):
     """The CNN used for region crops: scene_cnn trained once (cached), or a VGG/ResNet from local weights."""
     if spec.image_backbone != "scene_cnn":
-        from tf_twobranch.features.backbones import build_backbone
         return build_backbone(spec.image_backbone, weights_path=spec.backbone_weights)
-    from tf_twobranch.features.scene_cnn import load_scene_cnn, save_scene_cnn, train_scene_cnn
     path = region_dir / "scene_cnn.keras"
     if path.exists():
         return load_scene_cnn(path)
     # Same training inputs as the image-sentence features (tf_twobranch.features.prepare):
     # the training images and their captions.
-    from tf_twobranch.data.retrieval_data import load_caption_splits
-    from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.features.images import load_images_at_size
     train = load_caption_splits(layout)["train"]
     # Square images of one size (the embedded data) are used as they are; real
     # images of mixed sizes are resized to 96x96.  Region crops of any size are
@@ -196,8 +205,6 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
     to the image, i.e. exactly the boxes that were cropped, so IoU with the
     ground truth and the region features agree.
     """
-    from tf_twobranch.data.phrase_localization_data import ground_truth_regions
-    from tf_twobranch.data.phrases import build_phrase_examples
     spec.validate()
     cache_dir = pathlib.Path(cache_dir)
     ids = _split_ids(layout, split, spec)
@@ -215,8 +222,6 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
     if cached_sizes is not None:
         sizes = {i: tuple(size) for i, size in zip(ids, cached_sizes)}
     else:
-        from PIL import Image
-        from tf_twobranch.data.formats.images import load_image
         sizes = {}
         for image_id, path in zip(ids, layout.image_paths(ids)):
             try:
@@ -225,7 +230,6 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
             except (OSError, ValueError, SyntaxError):
                 height, width = load_image(path).shape[:2]  # a DataFormatError naming the file
                 sizes[image_id] = (width, height)
-    from tf_twobranch.data.formats.proposals import IMAGE_TOLERANCE, fit_proposals_to_images
     proposals, clipped = fit_proposals_to_images(proposals_path, proposals, sizes, clip=spec.clip_proposals)
     if clipped:
         logging.info("%d of %d proposal boxes of the %s split (%s) extended outside their image and were "
@@ -234,8 +238,6 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
                      "clip_proposals is set" if spec.clip_proposals
                      else f"within the {IMAGE_TOLERANCE:g}-pixel tolerance")
     if not index_path.exists():
-        from tf_twobranch.features.image_features import extract_region_features
-        from tf_twobranch.data.formats.images import load_image
         backbone = region_backbone(layout, region_dir, spec)
         dim = int(backbone.output_shape[-1])
         counts = [len(proposals[i]) for i in ids]
@@ -307,10 +309,6 @@ def load_phrase_encoder(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpe
     Word vectors come from ``spec.word_vectors`` or are trained on the
     training *captions* (more context than phrases alone).
     """
-    from tf_twobranch.data.phrases import build_phrase_examples
-    from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.features.text_features import (build_text_encoder, encoder_needs_word_vectors,
-                                                     load_text_encoder)
     spec.validate()
     cache_dir = pathlib.Path(cache_dir)
     train_ids = _split_ids(layout, "train", spec)
@@ -324,12 +322,9 @@ def load_phrase_encoder(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpe
     phrase_tokens = [t for t in phrase_tokens if t]
     kwargs = {}
     if encoder_needs_word_vectors(spec.text_encoder):
-        from tf_twobranch.data.formats.word_vectors import load_word_vectors
-        from tf_twobranch.features.word_vectors import train_word_vectors
         if spec.word_vectors:
             wv = load_word_vectors(spec.word_vectors, vocabulary={w for t in phrase_tokens for w in t})
         else:
-            from tf_twobranch.data.retrieval_data import load_caption_splits
             train = load_caption_splits(layout)["train"]
             keep = set(train_ids)
             caption_tokens = [tokenize_caption(c) for c, i in zip(train.captions, train.caption_image)
@@ -351,7 +346,6 @@ def load_phrase_encoder(layout: DatasetLayout, cache_dir, spec: RegionFeatureSpe
 
 def encode_phrases(encoder, phrases: Sequence[str]) -> np.ndarray:
     """float32 features of phrase strings (a phrase without words gets a zero row)."""
-    from tf_twobranch.data.tokenize import tokenize_caption
     tokens = [tokenize_caption(p) for p in phrases]
     out = np.zeros((len(tokens), encoder.output_dim), np.float32)
     nonempty = [i for i, t in enumerate(tokens) if t]
@@ -384,9 +378,6 @@ def prepare_phrase_localization(layout: DatasetLayout, cache_dir, spec: RegionFe
     The layout must have the Flickr30K Entities folders and the split lists
     of ``train`` and `splits` (one error lists what the folder has and lacks).
     """
-    from tf_twobranch.data.phrase_localization_data import (build_phrase_localization_data,
-                                                            unique_phrase_index)
-    from tf_twobranch.data.phrases import build_phrase_examples
     spec.validate()
     layout.require(*dict.fromkeys(("train", *splits)), "entities", purpose="phrase localization")
     examples = {s: build_phrase_examples(layout.entities_dir, _split_ids(layout, s, spec))

@@ -29,8 +29,13 @@ from typing import Sequence
 
 import keras
 import numpy as np
+import tensorflow as tf
 from absl import logging
+from PIL import Image
 
+from tf_twobranch.data.formats.images import image_file_shape, load_image
+from tf_twobranch.data.phrases import build_phrase_examples
+from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
 
 __all__ = [
@@ -122,8 +127,6 @@ def square_region_crop(image: np.ndarray, box: Sequence[float], size: int, *,
     shorter side, which bounds the zoom factor (objects then keep a size
     closer to the one they have in whole images).
     """
-    from PIL import Image
-
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ConfigError(f"square_region_crop expects an (H, W, 3) image, got {image.shape}")
@@ -151,8 +154,6 @@ def masked_region_image(image: np.ndarray, box: Sequence[float], size: int, *,
     0-based pixels, enlarged by `margin` of its size on each side.  The
     result is resized to `size`×`size` (uint8 RGB).
     """
-    from PIL import Image
-
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ConfigError(f"masked_region_image expects an (H, W, 3) image, got {image.shape}")
@@ -192,9 +193,6 @@ def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[st
     already has the array's size are cropped from `images` directly (no
     second decoding, the same pixels).
     """
-    from tf_twobranch.data.phrases import build_phrase_examples
-    from tf_twobranch.data.tokenize import tokenize_caption
-
     entities_root = pathlib.Path(entities_root)
     if not (entities_root / "Annotations").is_dir():
         return None
@@ -219,7 +217,6 @@ def entity_region_crops(entities_root: str | os.PathLike, image_ids: Sequence[st
         if image_paths is None:
             return images[row[image_id]]
         if image_id not in originals:
-            from tf_twobranch.data.formats.images import image_file_shape, load_image
             path = image_paths[row[image_id]]
             originals.clear()  # boxes come grouped by image: keep one decoded image
             originals[image_id] = (images[row[image_id]] if image_file_shape(path) == images.shape[1:3]
@@ -288,8 +285,6 @@ def _augmented_dataset(images: np.ndarray, targets: np.ndarray, batch_size: int,
     Applied per batch (one scale and offset per batch) to keep the CPU cost
     negligible next to training.
     """
-    import tensorflow as tf
-
     size = images.shape[1]
 
     def augment(batch, target):
@@ -391,7 +386,6 @@ def train_scene_cnn(images: np.ndarray, token_lists_per_image: Sequence[Sequence
     if augment_max_scale > 1.0:
         data = _augmented_dataset(images, targets, batch_size, seed, augment_max_scale)
     else:
-        import tensorflow as tf
         data = (tf.data.Dataset.from_tensor_slices((images.astype(np.float32), targets))
                 .shuffle(len(images), seed=seed).batch(batch_size))
     logging.info("Training scene_cnn on %d images of %dx%d (%d region crops), %d caption words, %d epochs",

@@ -23,6 +23,11 @@ import os
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import scipy.sparse as sp
+from sklearn.cluster import KMeans
+from sklearn.decomposition import PCA, FastICA
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, TfidfVectorizer
+from sklearn.mixture import GaussianMixture
 
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.data.formats.word_vectors import WordVectors
@@ -204,14 +209,10 @@ class TfidfEncoder(TextEncoder):
         if self.stop_words is None:
             return frozenset()
         if isinstance(self.stop_words, str):
-            from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
             return frozenset(ENGLISH_STOP_WORDS)
         return frozenset(self.stop_words)
 
     def _make_vectorizer(self, vocabulary=None):
-        from sklearn.feature_extraction.text import TfidfVectorizer
-
         stop = self._stop_set()
 
         def analyzer(tokens):
@@ -353,8 +354,6 @@ def fit_hglmm(
       weights (K,), means (K, D), scales b (K, D), and the mean log-likelihood
       after each iteration.
     """
-    from sklearn.cluster import KMeans
-
     x = np.asarray(x, dtype=np.float64)
     n, d = x.shape
     if n < num_components:
@@ -390,8 +389,6 @@ def fit_hglmm(
 
 def fit_gmm(x: np.ndarray, num_components: int, *, max_iter: int = 100, seed: int = 0):
     """Diagonal GMM via sklearn; returns weights (K,), means (K, D), variances (K, D)."""
-    from sklearn.mixture import GaussianMixture
-
     x = np.asarray(x, dtype=np.float64)
     if len(x) < num_components:
         raise ConfigError(f"cannot fit {num_components} mixture components on {len(x)} points")
@@ -442,8 +439,6 @@ def fisher_vectors(
     Returns:
       (num_sentences, 2*K*D) float32.
     """
-    import scipy.sparse as sp
-
     x = np.asarray(word_vectors, dtype=np.float64)
     k, d = means.shape
     out = np.zeros((num_sentences, 2, k, d), dtype=np.float64)
@@ -580,8 +575,6 @@ class FisherVectorEncoder(TextEncoder):
             vocab = [vocab[i] for i in np.sort(rng.choice(len(vocab), self.max_fit_words, replace=False))]
         x = self.word_vectors.lookup(vocab).astype(np.float64)
         if self.ica:
-            from sklearn.decomposition import FastICA
-
             ica = FastICA(n_components=x.shape[1], whiten="unit-variance", random_state=self.seed, max_iter=200)
             ica.fit(x)
             self.ica_mean_, self.ica_unmixing_ = ica.mean_, ica.components_
@@ -600,8 +593,6 @@ class FisherVectorEncoder(TextEncoder):
         return self
 
     def _fit_pca(self, token_lists: list[list[str]], rng: np.random.Generator) -> None:
-        from sklearn.decomposition import PCA
-
         if len(token_lists) > self.pca_max_sentences:
             chosen = np.sort(rng.choice(len(token_lists), self.pca_max_sentences, replace=False))
             token_lists = [token_lists[i] for i in chosen]

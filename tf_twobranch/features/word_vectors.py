@@ -9,6 +9,8 @@ import logging
 from typing import Iterable, Sequence
 
 import numpy as np
+import scipy.sparse as sp
+from sklearn.decomposition import TruncatedSVD
 
 from tf_twobranch.data.formats.word_vectors import WordVectors
 from tf_twobranch.errors import ConfigError
@@ -47,9 +49,6 @@ def train_word_vectors(
       min_count: words seen fewer times are left out.
       seed: seed of the randomized SVD.
     """
-    import scipy.sparse as sp
-    from sklearn.decomposition import TruncatedSVD
-
     if dim <= 0 or window <= 0 or min_count <= 0:
         raise ConfigError(f"train_word_vectors needs positive dim, window and min_count; got {dim}, {window}, {min_count}")
     token_lists = [list(t) for t in token_lists]

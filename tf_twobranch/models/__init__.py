@@ -1,2 +1,1 @@
-from tf_twobranch.models.dual_path import (DualPathConfig, DualPathModel, build_dual_path_model,  # noqa: F401
-                                           build_image_cnn, build_text_cnn, load_dual_path_model)
+"""The model families: two-branch networks (`two_branch`) and the dual path (`dual_path`)."""

@@ -33,6 +33,9 @@ import argparse
 import json
 import os
 import sys
+import time
+
+import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -65,22 +68,21 @@ def _parse(argv):
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    import numpy as np
-    import tensorflow as tf
-    if args.cpu_replicas > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas)
+    # TensorFlow/Keras only after the arguments are parsed: --help and argument errors come fast.
     import keras
+    import tensorflow as tf
 
     from tf_twobranch import distribute
     from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
     from tf_twobranch.sampling import image_sentence as sampling
-    from tf_twobranch.distribute import get_strategy
 
+    if args.cpu_replicas > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas)
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(args.seed)
-    strategy = get_strategy(args.strategy)
+    strategy = distribute.get_strategy(args.strategy)
     rng = np.random.default_rng(args.seed)
     num_images, caps = 40, 5
     image_feats = rng.normal(size=(num_images, 12)).astype(np.float32)
@@ -130,8 +132,7 @@ def main(argv=None) -> int:
 
 
 def _train_through_trainer(args, model, strategy, stream):
-    import time
-
+    # Keras and the trainer (TensorFlow) stay out of the module top: --help comes fast.
     import keras
 
     from tf_twobranch.training import trainer

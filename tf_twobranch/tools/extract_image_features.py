@@ -17,9 +17,11 @@ from __future__ import annotations
 import os
 import pathlib
 
-from tf_twobranch.cli import absl_main
 from absl import app, flags, logging
 
+from tf_twobranch.cli import absl_main
+from tf_twobranch.data.formats.features import save_feature_matrix
+from tf_twobranch.data.formats.splits import read_split_file
 from tf_twobranch.errors import ConfigError, DataFormatError
 
 FLAGS = flags.FLAGS
@@ -57,8 +59,6 @@ def _listed_images() -> list[pathlib.Path]:
         if not paths:
             raise DataFormatError(images_dir, f"no {extension} files in the images directory")
         return paths
-    from tf_twobranch.data.formats.splits import read_split_file
-
     if not os.path.isfile(FLAGS.image_ids):
         raise DataFormatError(FLAGS.image_ids, "split file does not exist")
     ids = read_split_file(FLAGS.image_ids)
@@ -88,8 +88,7 @@ def run() -> None:
     out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
     if not os.path.isdir(out_dir):
         os.makedirs(out_dir, exist_ok=True)
-    # Keras/TensorFlow are imported only once the cheap checks have passed.
-    from tf_twobranch.data.formats.features import save_feature_matrix
+    # Keras/TensorFlow are imported only once the cheap checks have passed (and --help starts fast).
     from tf_twobranch.features.backbones import build_backbone
     from tf_twobranch.features.image_features import extract_image_features
     backbone = build_backbone(FLAGS.backbone, weights_path=FLAGS.weights, input_size=FLAGS.input_size)

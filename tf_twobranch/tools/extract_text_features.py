@@ -33,6 +33,11 @@ import time
 from absl import app, flags
 
 from tf_twobranch.cli import absl_main
+from tf_twobranch.data.formats.features import save_feature_matrix
+from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
+from tf_twobranch.data.formats.splits import read_split_file
+from tf_twobranch.data.formats.word_vectors import load_word_vectors, save_word_vectors
+from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, UserInputError
 
 FLAGS = flags.FLAGS
@@ -66,8 +71,6 @@ def _split_name(path: str) -> str:
 
 def _select(corpus, split_path: str, skip_missing: bool):
     """The corpus restricted to a split's images; returns (subset, #missing images)."""
-    from tf_twobranch.data.formats.splits import read_split_file
-
     all_ids = read_split_file(split_path)
     known = set(corpus.image_ids)
     present = [i for i in all_ids if i in known]
@@ -82,6 +85,7 @@ def _select(corpus, split_path: str, skip_missing: bool):
 
 
 def _check_flags() -> None:
+    # The encoders import scikit-learn: only once the flags are parsed, so --help starts fast.
     from tf_twobranch.features.text_features import TEXT_ENCODERS
 
     for name in ("captions", "train_split", "out_dir"):
@@ -107,11 +111,9 @@ def _check_flags() -> None:
 
 def run() -> dict:
     """Runs the extraction described by the flags; returns the written config."""
-    from tf_twobranch.data.formats.features import save_feature_matrix
-    from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
-    from tf_twobranch.data.tokenize import tokenize_caption
+    # The encoders and word-vector training import scikit-learn/scipy: only when the tool runs, so
+    # --help starts fast.
     from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
-    from tf_twobranch.data.formats.word_vectors import load_word_vectors, save_word_vectors
     from tf_twobranch.features.word_vectors import train_word_vectors
 
     _check_flags()

@@ -31,6 +31,7 @@ import numpy as np
 from absl import app, flags
 
 from tf_twobranch.cli import absl_main
+from tf_twobranch.errors import ConfigError
 
 NUM_IMAGES = 64
 CAPTIONS_PER_IMAGE = 2
@@ -66,6 +67,7 @@ def train_tiny_model(run_dir, *, epochs: int, steps_per_epoch: int, backup_every
                      seed: int = 0, learning_rate: float = 1e-2,
                      step_delay: float = 0.0) -> pathlib.Path:
     """Trains (or resumes) the tiny run in `run_dir`; returns the final weights file."""
+    # Keras/TensorFlow only when a run trains: --help and the --self_test parent stay light.
     import keras
 
     from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
@@ -187,7 +189,6 @@ def self_test(work_dir, *, epochs: int = 3, steps_per_epoch: int = 8,
 
 def _run() -> None:
     f = flags.FLAGS
-    from tf_twobranch.errors import ConfigError
     if f.self_test:
         if not f.work_dir:
             raise ConfigError("--self_test needs --work_dir")

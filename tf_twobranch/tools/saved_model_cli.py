@@ -15,14 +15,18 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+import tensorflow_text
+from tensorflow.python.tools import saved_model_cli
+
 __all__ = ["run_saved_model_cli"]
+
+# Imported for its side effect: it registers the tensorflow-text ops that graphs with in-graph
+# tokenization need (the name is kept so that the import reads as used).
+_TEXT_OPS = tensorflow_text
 
 
 def run_saved_model_cli(argv: Sequence[str]) -> None:
     """Runs TensorFlow's ``saved_model_cli`` with `argv` after ``import tensorflow_text``."""
-    import tensorflow_text  # noqa: F401  (registers the custom ops)
-    from tensorflow.python.tools import saved_model_cli
-
     sys.argv = ["saved_model_cli", *argv]
     saved_model_cli.main()
 

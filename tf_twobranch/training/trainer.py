@@ -35,7 +35,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_twobranch.distribute import STRATEGIES, cluster_resolver, is_chief, is_multi_worker
+from tf_twobranch.distribute import (STRATEGIES, cluster_resolver, distribute_global_batches, is_chief,
+                                     is_multi_worker)
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.json_files import write_json
 
@@ -434,8 +435,7 @@ def _dataset_at(dataset, step: int, multi_worker_strategy=None):
         raise ConfigError(f"train() needs a tf.data.Dataset or a function start_step -> "
                           f"Dataset, got {type(dataset).__name__}")
     if multi_worker_strategy is not None and isinstance(ds, tf.data.Dataset):
-        from tf_twobranch import distribute
-        ds = distribute.distribute_global_batches(multi_worker_strategy, lambda: ds)
+        ds = distribute_global_batches(multi_worker_strategy, lambda: ds)
     return ds
 
 

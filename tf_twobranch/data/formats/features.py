@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+import h5py
 import numpy as np
 
 from tf_twobranch.data.formats._common import check_exists
@@ -49,8 +50,6 @@ def _choose_key(path: str, keys: list[str], key: str | None) -> str:
 
 
 def _hdf5_dataset_names(handle) -> list[str]:
-    import h5py
-
     names: list[str] = []
 
     def visit(name, obj):
@@ -76,6 +75,7 @@ def _read_stored(path: str, key: str | None) -> tuple[np.ndarray, str, bool]:
             with np.load(path, allow_pickle=False) as archive:
                 chosen = _choose_key(path, list(archive.files), key)
                 return archive[chosen], chosen, False
+        # scipy only for .mat files: importing data.formats stays light.
         import scipy.io
 
         contents = scipy.io.loadmat(path)
@@ -90,8 +90,6 @@ def _read_stored(path: str, key: str | None) -> tuple[np.ndarray, str, bool]:
 
 
 def _is_hdf5(path: str) -> bool:
-    import h5py
-
     try:
         return bool(h5py.is_hdf5(path))
     except Exception:
@@ -99,8 +97,6 @@ def _is_hdf5(path: str) -> bool:
 
 
 def _read_hdf5(path: str, key: str | None, kind: str) -> tuple[np.ndarray, str]:
-    import h5py
-
     try:
         with h5py.File(path, "r") as handle:
             chosen = _choose_key(path, _hdf5_dataset_names(handle), key)
@@ -188,11 +184,10 @@ def save_feature_matrix(path: str | os.PathLike, array: np.ndarray, key: str = "
         with open(path, "wb") as f:  # a file object stops numpy from appending ".npz"
             np.savez(f, **{key: stored})
     elif suffix in (".h5", ".hdf5"):
-        import h5py
-
         with h5py.File(path, "w") as handle:
             handle.create_dataset(key, data=stored)
     else:
+        # scipy only for .mat files: importing data.formats stays light.
         import scipy.io
 
         scipy.io.savemat(path, {key: stored})

@@ -39,9 +39,10 @@ import os
 import re
 from typing import Iterable, Mapping
 
+import h5py
 import numpy as np
 
-from tf_twobranch.boxes import validate_boxes
+from tf_twobranch.boxes import clip_boxes, validate_boxes
 from tf_twobranch.errors import DataFormatError
 
 FORMAT_NAME = "tf_twobranch.proposals"
@@ -83,8 +84,6 @@ _HDF5_READ_ERRORS = (OSError, RuntimeError, KeyError)
 
 
 def _read_hdf5(path: str, image_ids):
-    import h5py
-
     if os.path.isfile(path) and os.path.getsize(path) == 0:
         raise DataFormatError(path, "proposal file is empty (0 bytes); expected an HDF5 file with one (N, 4) "
                                     "dataset per image id")
@@ -242,8 +241,6 @@ def fit_proposals_to_images(path, proposals: Mapping[str, np.ndarray], image_siz
     (``x2 <= width - 1``, ``y2 <= height - 1``).  The returned boxes are
     what both the crops and the IoU with the ground truth must use.
     """
-    from tf_twobranch.boxes import clip_boxes
-
     path = os.fspath(path)
     out, clipped = {}, 0
     for image_id, boxes in proposals.items():
@@ -280,8 +277,6 @@ def write_proposals(path, proposals: Mapping[str, np.ndarray],
             raise ValueError(f"image id {image_id!r} cannot name a proposal dataset")
         checked[image_id] = _check(boxes, scores.get(image_id), path, image_id)
     if _is_hdf5_path(path):
-        import h5py
-
         with h5py.File(path, "w") as handle:
             handle.attrs["format"] = FORMAT_NAME
             handle.attrs["box_convention"] = BOX_CONVENTION
