@@ -53,12 +53,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("chunk_size", 1000, "Sentences per score block.", lower_bound=1, **d)
     flags.DEFINE_integer("image_chunk", 50, "Images per block when computing phrase-to-region minima.",
                          lower_bound=1, **d)
-    flags.DEFINE_string("run_dir", "", "Output folder (default runs/<row_name>).", **d)
-    flags.DEFINE_string("row_name", "Weighted distance", "Name of the row.", **d)
-    flags.DEFINE_string("paper_results", "", "12 numbers: the image-sentence model's i2t R@1,5,10, "
-                        "t2i R@1,5,10, then the weighted distance's.", **d)
-    flags.DEFINE_string("out_json", "", "Results JSON (default <run_dir>/results.json).", **d)
-    flags.DEFINE_integer("verbose", 0, "Keras progress bars when training here.", **d)
+    common.define_output_flags(fv, row_name="Weighted distance", verbose=0, paper_results_help=(
+        "12 numbers: the image-sentence model's i2t R@1,5,10, t2i R@1,5,10, then the weighted "
+        "distance's."))
 
 
 def _row_flags(define, run_config: dict):
@@ -212,7 +209,7 @@ def run(f) -> dict:
               "region_phrase_run": str(rp_run), "alpha": alpha, "num_test_images": test.num_images,
               "num_test_captions": test.num_captions, "num_unique_phrases": len(table),
               "captions_without_phrases": int((~has_phrases).sum()),
-              "paper": common.paper_numbers(f.paper_results), "flags": f.flag_values_dict()}
+              "paper": common.paper_numbers(f.paper_results), **common.flag_record(f)}
     for name, weighted in (("image_sentence", False), ("weighted_distance", True)):
         i2t, t2i = retrieval.ranks_from_score_fn(neg_distance(weighted), test.num_images, test.caption_image,
                                                  chunk_size=f.chunk_size)

@@ -11,7 +11,9 @@ Scores come from a region–phrase SavedModel written by
 (``--run_dir`` alone: the run's ``results.json`` records the backbone, the
 fitted phrase encoder and the dataset that made its features;
 ``--backbone``/``--backbone_weights``/``--text_encoder``/``--data_dir``
-override them).
+override them). A phrase-localization run's own export
+(``--saved_model=<run>/export``) is such a SavedModel and names its dataset
+too.
 
 The data folder has the Flickr30K Entities layout (``Sentences/``,
 ``Annotations/``, ``<split>.txt``), the images (``images/<id>.jpg`` unless
@@ -286,6 +288,16 @@ def _run_inputs(run) -> dict:
                          "version?); pass --backbone, --backbone_weights and --text_encoder")
 
 
+def _export_inputs(saved_model_dir) -> dict:
+    """The dataset a phrase-localization run's export was trained on (its assets.extra/run_config.json)."""
+    config_path = pathlib.Path(saved_model_dir) / "assets.extra" / "run_config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        config = {}
+    return {"dataset_dir": (config.get("inputs") or {}).get("dataset_dir")}
+
+
 def _main() -> None:
     if not FLAGS.out_dir:
         raise app.UsageError("--out_dir is required")
@@ -301,7 +313,9 @@ def _main() -> None:
             scorer = python_scorer(run.model, FLAGS.backbone or inputs["backbone"],
                                    FLAGS.backbone_weights or inputs["backbone_weights"],
                                    FLAGS.text_encoder or inputs["text_encoder"])
-        data_dir = FLAGS.data_dir or (inputs["dataset_dir"] if FLAGS.run_dir else None)
+        if FLAGS.saved_model:
+            inputs = _export_inputs(FLAGS.saved_model)
+        data_dir = FLAGS.data_dir or inputs["dataset_dir"]
         if data_dir is None:
             from tf_twobranch.data.embedded import load_embedded_dataset
             data_dir = load_embedded_dataset()

@@ -19,7 +19,6 @@ from absl import app, flags, logging
 from experiments import common
 from tf_twobranch.cli import absl_main, parse_flags
 
-MODELS = ("embedding", "similarity", "cca")
 
 # Defaults used when no --dataset_dir is given (the embedded digit scenes),
 # unless the flag is set explicitly. The embedded data is ~12x smaller than
@@ -41,67 +40,39 @@ def apply_embedded_profile(f) -> dict:
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     d = dict(flag_values=fv)
-    # Data.
-    flags.DEFINE_string("dataset_dir", "", "Dataset folder; empty: the embedded dataset.", **d)
-    flags.DEFINE_enum("caption_format", "auto", ["auto", "karpathy", "token", "coco", "precomp"],
-                      "Caption file layout of --dataset_dir.", **d)
-    flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images, "
-                        "<dataset_dir>/flickr30k-images or <dataset_dir>).", **d)
-    flags.DEFINE_string("features_cache", "", "Where computed features are cached "
-                        "(default <dataset_dir>/features).", **d)
+    # Data and features.
+    common.define_data_flags(fv, dataset_help="Dataset folder; empty: the embedded dataset.",
+                             caption_formats=["auto", "karpathy", "token", "coco", "precomp"])
     for split in ("train", "test"):
         flags.DEFINE_string(f"image_features_{split}", "", f"Precomputed {split} image features "
                             "(.npy/.mat/.h5, (N, D), one row per image in caption order).", **d)
         flags.DEFINE_string(f"text_features_{split}", "", f"Precomputed {split} sentence "
                             "features (.npy/.mat/.h5; column-major HDF5 accepted).", **d)
-    flags.DEFINE_enum("image_backbone", "scene_cnn",
-                      ["scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"],
-                      "CNN for image features.", **d)
-    flags.DEFINE_integer("scene_cnn_epochs", 12, "Epochs of the scene_cnn backbone trained on "
-                         "the training images and captions.", lower_bound=1, **d)
-    flags.DEFINE_string("backbone_weights", "", "Local ImageNet weights file of the backbone.", **d)
+    common.define_feature_flags(
+        fv, text_encoders=["fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm"],
+        image_help="CNN for image features.", text_help="Sentence representation.")
     flags.DEFINE_bool("ten_crop", True, "Average features over the paper's ten crops.", **d)
-    flags.DEFINE_enum("text_encoder", "fisher_hglmm",
-                      ["fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm"],
-                      "Sentence representation.", **d)
-    flags.DEFINE_string("word_vectors", "", "Local word2vec (binary/text) or GloVe file.", **d)
-    flags.DEFINE_integer("word_dim", 300, "Size of word vectors trained on the captions.",
-                         lower_bound=2, **d)
-    flags.DEFINE_integer("pca_dim", 6000, "PCA size of Fisher vectors larger than this.",
-                         lower_bound=1, **d)
     flags.DEFINE_enum("protocol", "full", ["full", "flickr30k_1k", "coco_1k", "coco_5k"],
                       "Test protocol.", **d)
-    # Model.
-    flags.DEFINE_enum("model", "embedding", list(MODELS), "Which model.", **d)
-    flags.DEFINE_enum("branch", "nonlinear", ["nonlinear", "linear"], "Branch structure.", **d)
-    flags.DEFINE_enum("layout", "original", ["original", "paper"],
-                      "original: FC-BN-ReLU-Dropout-FC (reference code); "
-                      "paper: FC-ReLU-Dropout-FC-BN (TPAMI §3.2.1).", **d)
-    flags.DEFINE_integer("hidden_dim", 2048, "First FC layer size of each branch.",
-                         lower_bound=1, **d)
-    flags.DEFINE_integer("embed_dim", 512, "Embedding size.", lower_bound=1, **d)
-    flags.DEFINE_float("dropout", 0.5, "Dropout after the ReLU.", lower_bound=0.0,
-                       upper_bound=0.95, **d)
-    flags.DEFINE_float("margin", 0.05, "Ranking margin m.", lower_bound=0.0, **d)
-    flags.DEFINE_integer("top_k", 10, "K most violating in-batch negatives per anchor.",
-                         lower_bound=1, **d)
-    flags.DEFINE_float("image_anchor_weight", 1.0, "λ1 (image target).", lower_bound=0.0, **d)
-    flags.DEFINE_float("text_anchor_weight", 1.5, "λ2 (sentence target); 0 = single-directional.",
-                       lower_bound=0.0, **d)
-    flags.DEFINE_float("text_neighbour_weight", 0.05, "λ4 (sentence neighbourhood constraint).",
-                       lower_bound=0.0, **d)
+    # Model, loss and training.
+    common.define_two_branch_flags(
+        fv, hidden_dim=2048, dropout=0.5, top_k=10, text_anchor_weight=1.5,
+        text_neighbour_weight=0.05, batch_size=500, epochs=20, learning_rate=1e-4,
+        helps={"layout": "original: FC-BN-ReLU-Dropout-FC (reference code); "
+                         "paper: FC-ReLU-Dropout-FC-BN (TPAMI §3.2.1).",
+               "top_k": "K most violating in-batch negatives per anchor.",
+               "image_anchor_weight": "λ1 (image target).",
+               "text_anchor_weight": "λ2 (sentence target); 0 = single-directional.",
+               "text_neighbour_weight": "λ4 (sentence neighbourhood constraint).",
+               "batch_size": "Images per batch.", "epochs": "Training epochs.",
+               "learning_rate": "Adam learning rate."})
     flags.DEFINE_integer("sample_size", 2, "Sentences per image in a batch; >= 2 is "
                          "neighbourhood sampling.", lower_bound=1, **d)
-    flags.DEFINE_integer("batch_size", 500, "Images per batch.", lower_bound=2, **d)
     flags.DEFINE_bool("unique_images", False, "Draw distinct images per batch instead of the "
                       "original's shuffled-caption anchors.", **d)
     flags.DEFINE_integer("lstm_units", 512, "LSTM size (text_encoder=lstm).", lower_bound=1, **d)
     flags.DEFINE_integer("word_embedding_dim", 256, "Word embedding size (LSTM).",
                          lower_bound=1, **d)
-    flags.DEFINE_integer("cca_components", 512, "CCA dimensions (model=cca).", lower_bound=1, **d)
-    # Training.
-    flags.DEFINE_integer("epochs", 20, "Training epochs.", lower_bound=1, **d)
-    flags.DEFINE_float("learning_rate", 1e-4, "Adam learning rate.", lower_bound=0.0, **d)
     flags.DEFINE_float("learning_rate_scale", 1.0, "Multiplies --learning_rate (the embedded "
                        "dataset's profile uses 3: it has ~25 steps per epoch, not ~300).",
                        lower_bound=0.0, **d)
@@ -181,6 +152,12 @@ def load_data(f):
     else:
         cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
         image, text, extras = prepare_retrieval_features(splits, layout, cache, spec)
+    for kind, paths in given.items():
+        if all(paths):  # the user's own files, read unchanged: a run points at them
+            for s in splits:
+                extras.setdefault("feature_files", {}).setdefault(s, {})[kind] = {
+                    "file": str(pathlib.Path(f[f"{kind}_features_{s}"].value).absolute()),
+                    "key": None}
     return layout, splits, image, text, extras
 
 
@@ -217,10 +194,13 @@ def run(f) -> dict:
     """Runs one table row; returns the results record (also written as JSON)."""
     from tf_twobranch import distribute
     from tf_twobranch.evaluation import retrieval
+    from tf_twobranch.evaluation.split import EvaluationSplit
+    from tf_twobranch.runs import record_feature_split
     from tf_twobranch.sampling import image_sentence as sampling
     from tf_twobranch.training import trainer
 
     start = time.time()
+    typed = common.typed_flags(f)  # before the embedded profile fills in defaults
     profile = apply_embedded_profile(f)
     if profile:
         logging.info("embedded dataset: using its profile defaults %s", profile)
@@ -229,7 +209,7 @@ def run(f) -> dict:
     layout, splits, image, text, extras = load_data(f)
     dataset_dir = layout.root
     train, test = splits["train"], splits["test"]
-    record = {"row": row_name, "dataset_dir": str(dataset_dir), "flags": f.flag_values_dict(),
+    record = {"row": row_name, "dataset_dir": str(dataset_dir), **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
               "num_train_images": train.num_images, "num_test_images": test.num_images,
               "num_test_captions": test.num_captions,
@@ -266,16 +246,19 @@ def run(f) -> dict:
             strategy, batches,
             lambda ds: sampling.attach_features(ds, image["train"], text["train"]))
         run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
-                      "flags": f.flag_values_dict(), "dataset_dir": str(dataset_dir)}
+                      **common.flag_record(f, typed), "dataset_dir": str(dataset_dir)}
         trainer.prepare_run_dir(run_dir, run_config)
         with strategy.scope():
             model.compile(optimizer=trainer.make_optimizer(tcfg, steps), jit_compile=f.jit_compile)
         history = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps)
         if history.history.get("loss"):
             record["final_loss"] = float(history.history["loss"][-1])
-        test_data = {"image": image["test"], "text": text["test"],
-                     "caption_image": test.caption_image}
-        record["metrics"] = model.evaluate(test_data, protocol=f.protocol)
+        test_split = EvaluationSplit(image["test"], text["test"], test.caption_image,
+                                     protocol=f.protocol)
+        record["metrics"] = model.evaluate(test_split)
+        # What load_run(run_dir).evaluation_split() gives back.
+        record["evaluation"] = record_feature_split(run_dir, test_split,
+                                                    extras.get("feature_files", {}).get("test"))
         if f.model == "embedding":
             record["sentence_retrieval"] = model.sentence_retrieval(text["test"],
                                                                     test.caption_image)

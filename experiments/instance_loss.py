@@ -54,16 +54,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "retrieval: Flickr30K / MSCOCO / embedded scenes (one class per image); "
                       "pedes: CUHK-PEDES reid_raw.json (one class per identity, text->image).",
                       **d)
-    flags.DEFINE_string("dataset_dir", "", "Dataset folder (retrieval) or folder of "
-                        "reid_raw.json (pedes); empty: the embedded dataset.", **d)
-    flags.DEFINE_enum("caption_format", "auto", ["auto", "karpathy", "token", "coco"],
-                      "Caption file layout of --dataset_dir.", **d)
-    flags.DEFINE_string("images_dir", "", "Images folder (default: looked up in --dataset_dir).",
-                        **d)
-    flags.DEFINE_integer("max_train_images", 0, "Use only the first N training images "
-                         "(0 = all).", lower_bound=0, **d)
-    flags.DEFINE_integer("max_test_images", 0, "Use only the first N test images (0 = all).",
-                         lower_bound=0, **d)
+    common.define_data_flags(fv, dataset_help="Dataset folder (retrieval) or folder of "
+                             "reid_raw.json (pedes); empty: the embedded dataset.",
+                             caption_formats=["auto", "karpathy", "token", "coco"], limit_images=True)
     flags.DEFINE_enum("eval_split", "test", ["val", "test"], "Split to evaluate on.", **d)
     flags.DEFINE_enum("long_captions", "error", ["error", "clip"],
                       "Captions longer than --max_len: error, or clip the final words "
@@ -71,13 +64,12 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("num_classes", 0, "Instance classes; 0 = from the data (a set value "
                          "must match the data).", lower_bound=0, **d)
     # Text.
-    flags.DEFINE_string("word_vectors", "", "Local word2vec file (GoogleNews .bin or text) "
-                        "or GloVe text file.", **d)
+    common.define_word_vector_flags(fv, word_dim_help="Word embedding size (the text CNN's "
+                                    "first layer; vectors trained on the captions get this size).")
     flags.DEFINE_enum("word_init", "word2vec", ["word2vec", "random"],
                       "First text layer: word2vec-initialised or random (Table 5).", **d)
     flags.DEFINE_integer("max_len", 32, "Text input length (56 for CUHK-PEDES).",
                          lower_bound=1, **d)
-    flags.DEFINE_integer("word_dim", 300, "Word embedding size.", lower_bound=1, **d)
     flags.DEFINE_enum("text_shift", "position_shift", ["position_shift", "left_align"],
                       "Training-time text placement (Table 6).", **d)
     flags.DEFINE_enum("test_text_shift", "left_align", ["left_align", "all_shifts"],
@@ -189,7 +181,8 @@ def dataset_layout(f):
 
 
 def load_data(f, run_dir: pathlib.Path):
-    """Train and evaluation splits (DualPathData) and the word vectors used."""
+    """The dataset as given, its layout, the train and evaluation splits (DualPathData) and the
+    word vectors used."""
     from tf_twobranch.data import dual_path_data
     from tf_twobranch.data.tokenize import tokenize_caption
 
@@ -234,7 +227,7 @@ def load_data(f, run_dir: pathlib.Path):
             word_vectors = str(path)
     train = split("train", word_vectors=word_vectors)
     evaluation = split(f.eval_split, vocabulary=train.vocabulary)
-    return source, train, evaluation, word_vectors
+    return source, layout, train, evaluation, word_vectors
 
 
 def _limit(f, split_name):
@@ -337,45 +330,23 @@ def _initial_weights(model, path: str, num_classes: int) -> str:
     return str(weights)
 
 
-def _test_arrays(test_data):
-    images = np.concatenate([b["image"].numpy() for b in test_data.images])
-    rows = np.concatenate([b["token_ids"].numpy() for b in test_data.texts])
-    return images, rows
-
-
-def _text_embeds(model, rows, caption_of_row, num_captions):
-    embeds = model.embed_texts(rows)
-    if len(rows) == num_captions:
-        return embeds
-    # The reference's test-time text feature: the mean over all shifts.
-    sums = np.zeros((num_captions, embeds.shape[1]), np.float64)
-    np.add.at(sums, caption_of_row, embeds)
-    return (sums / np.bincount(caption_of_row, minlength=num_captions)[:, None]).astype(np.float32)
-
-
-def evaluate(f, model, evaluation, out_dir: pathlib.Path, title: str) -> dict:
-    """Retrieval metrics + separability S (and its histogram PNG) on the evaluation split."""
-    from tf_twobranch.evaluation import retrieval, separability
+def evaluation_split(f, evaluation):
+    """The evaluation split as the model's `evaluate` takes it (recorded for `load_run`)."""
     from tf_twobranch.sampling import dual_path as dp
+    return dp.test_split(evaluation, resize_to=f.resize_to, crop_size=f.image_size,
+                         text_shift=f.test_text_shift, protocol=f.protocol,
+                         by_identity=f.dataset_kind == "pedes")
 
-    test = dp.test_datasets(evaluation, resize_to=f.resize_to, crop_size=f.image_size,
-                            text_shift=f.test_text_shift, flip_images=False)
-    images, rows = _test_arrays(test)
-    image_embeds = model.embed_images(images, flip_average=True)
-    text_embeds = _text_embeds(model, rows, test.caption_of_row, evaluation.num_captions)
-    norm = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
-    image_embeds, text_embeds = norm(image_embeds.astype(np.float64)), norm(text_embeds)
-    caption_image = evaluation.caption_image
-    if f.dataset_kind == "pedes":
-        caption_class = evaluation.image_class[caption_image]
-        ranks = retrieval.group_ranks(text_embeds, image_embeds, caption_class,
-                                      evaluation.image_class)
-        metrics = retrieval.metrics_from_ranks(ranks, prefix="t2i_")
-    else:
-        metrics = retrieval.evaluate_protocol(image_embeds, text_embeds, caption_image,
-                                              f.protocol)
+
+def evaluate(f, model, split, evaluation, out_dir: pathlib.Path, title: str) -> dict:
+    """Retrieval metrics (what `model.evaluate(split)` returns) + separability S and its histogram PNG."""
+    from tf_twobranch.evaluation import separability
+    from tf_twobranch.models.dual_path import retrieval_metrics
+
+    image_embeds, text_embeds = model.retrieval_embeddings(split)
+    metrics = retrieval_metrics(split, image_embeds, text_embeds)
     positives, negatives = separability.pair_similarities(image_embeds, text_embeds,
-                                                          caption_image, seed=f.seed)
+                                                          split.caption_image, seed=f.seed)
     png = out_dir / "similarity_histogram.png"
     metrics["separability_S"] = separability.plot_similarity_histograms(
         positives, negatives, png, title=title)
@@ -405,10 +376,12 @@ def run(f) -> dict:
     import keras
 
     from tf_twobranch.models.dual_path import DualPathModel, save_dual_path_config
+    from tf_twobranch.runs import record_dual_path_split
     from tf_twobranch.sampling import dual_path as dp
     from tf_twobranch.training import trainer
 
     start = time.time()
+    typed = common.typed_flags(f)  # before the profile and the backbone stand-in change values
     check_dataset_dir(f)
     profile = PEDES_EMBEDDED_PROFILE if f.dataset_kind == "pedes" else EMBEDDED_PROFILE
     applied = common.apply_embedded_profile(f, profile)
@@ -425,7 +398,8 @@ def run(f) -> dict:
     lambdas = {s: _lambdas(f[f"stage{s}_lambdas"].value, f"stage{s}_lambdas") for s in (1, 2)}
     row_name = f.row_name or "instance_loss"
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
-    source, train, evaluation, word_vectors = load_data(f, run_dir)
+    source, layout, train, evaluation, word_vectors = load_data(f, run_dir)
+    split = evaluation_split(f, evaluation)
     if f.image_backbone == "scene_cnn" and not f.image_weights:
         if f.dataset_dir:
             raise common.UserInputError("--image_backbone=scene_cnn needs --image_weights=<a "
@@ -437,11 +411,16 @@ def run(f) -> dict:
     with strategy.scope():
         model = DualPathModel(config, matrix).build_all()
     record = {"row": row_name, "dataset": str(source), "dataset_kind": f.dataset_kind,
-              "flags": f.flag_values_dict(), "paper": common.paper_numbers(f.paper_results),
+              **common.flag_record(f, typed), "paper": common.paper_numbers(f.paper_results),
               "paper_dataset": f.paper_dataset, "num_train_images": train.num_images,
               "num_classes": config.num_classes, "vocabulary_size": config.vocabulary_size,
               "num_eval_images": evaluation.num_images,
-              "num_eval_captions": evaluation.num_captions, "stages": []}
+              "num_eval_captions": evaluation.num_captions, "stages": [],
+              "evaluation": record_dual_path_split(
+                  layout, split=f.eval_split, dataset_kind=f.dataset_kind,
+                  max_len=f.max_len, long_captions=f.long_captions,
+                  max_images=_limit(f, f.eval_split), resize_to=f.resize_to,
+                  crop_size=f.image_size, text_shift=f.test_text_shift, protocol=f.protocol)}
     if not f.image_weights:
         record["note"] = ("image backbone randomly initialised (no --image_weights): "
                           "not ImageNet features")
@@ -475,14 +454,14 @@ def run(f) -> dict:
                 num_negative_captions=f.num_negative_captions, start_step=start_step)
 
         run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
-                      "flags": f.flag_values_dict(), "stage": stage, "task": "dual_path",
+                      **common.flag_record(f, typed), "stage": stage, "task": "dual_path",
                       "vocabulary": train.vocabulary}
         trainer.prepare_run_dir(stage_dir, run_config)
         save_dual_path_config(stage_dir / "dual_path_config.json", config,
                               vocabulary=train.vocabulary, stage=stage)
         stage_start = time.time()
         history = trainer.train(model, dataset, tcfg, stage_dir, steps_per_epoch=steps)
-        metrics = evaluate(f, model, evaluation, stage_dir, f"{row_name} - Stage {stage}")
+        metrics = evaluate(f, model, split, evaluation, stage_dir, f"{row_name} - Stage {stage}")
         record["stages"].append({
             "stage": stage, "epochs": tcfg.epochs, "lambdas": list(lambdas[stage]),
             "history": {k: [float(x) for x in v] for k, v in history.history.items()},
@@ -493,7 +472,7 @@ def run(f) -> dict:
         from tf_twobranch.export.dual_path import export_dual_path
         record["export_dir"] = str(export_dual_path(
             model, train.vocabulary, run_dir / "export", resize_to=f.resize_to,
-            run_config={"model": config.to_dict(), "flags": f.flag_values_dict()}))
+            run_config={"model": config.to_dict(), **common.flag_record(f, typed)}))
     record["seconds"] = time.time() - start
     common.write_json(f.out_json or run_dir / "results.json", record)
     return record

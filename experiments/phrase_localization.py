@@ -32,7 +32,6 @@ from absl import app, flags, logging
 from experiments import common
 from tf_twobranch.cli import absl_main, parse_flags
 
-MODELS = ("embedding", "similarity", "cca")
 SIMILARITY_HEADS = {1: (), 2: (512,), 3: (512, 256)}   # FC layers after the element-wise product
 TABLE_COLUMNS = ("linear", "non-linear", "single pos.", "augm. pos.", "single-dir.", "bi-dir.",
                  "nbr. sampl.", "nbr. constr.")
@@ -57,10 +56,8 @@ def apply_embedded_profile(f) -> dict:
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     d = dict(flag_values=fv)
     # Data and features.
-    flags.DEFINE_string("dataset_dir", "", "Flickr30K Entities-style folder; empty: the embedded dataset.", **d)
-    flags.DEFINE_string("images_dir", "", "Images folder (default <dataset_dir>/images, "
-                        "<dataset_dir>/flickr30k-images or <dataset_dir>).", **d)
-    flags.DEFINE_string("features_cache", "", "Feature cache (default <dataset_dir>/features).", **d)
+    common.define_data_flags(fv, dataset_help="Flickr30K Entities-style folder; empty: the "
+                             "embedded dataset.", limit_images=True)
     flags.DEFINE_string("proposals", "", "Proposals file/folder (default <dataset_dir>/proposals.h5, "
                         "generated with the built-in generator when absent).", **d)
     flags.DEFINE_integer("max_proposals", 200, "Proposals ranked per image (the paper: 200 EdgeBoxes).",
@@ -68,64 +65,44 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_bool("clip_proposals", False, "Clip proposals that stick out of their image (for "
                       "crops and IoU alike, count logged); default: such a file is refused as being "
                       "at the wrong scale.", **d)
-    flags.DEFINE_integer("max_train_images", 0, "Use only the first N training images (0 = all).",
-                         lower_bound=0, **d)
-    flags.DEFINE_integer("max_test_images", 0, "Use only the first N test images (0 = all).",
-                         lower_bound=0, **d)
-    flags.DEFINE_enum("image_backbone", "scene_cnn", ["scene_cnn", "vgg16", "vgg19", "resnet50", "resnet152"],
-                      "CNN for the single-crop region features.", **d)
-    flags.DEFINE_string("backbone_weights", "", "Local ImageNet weights of the backbone.", **d)
-    flags.DEFINE_integer("scene_cnn_epochs", 12, "Epochs of the scene_cnn trained on the training "
-                         "images and captions.", lower_bound=1, **d)
-    flags.DEFINE_enum("text_encoder", "fisher_hglmm", ["fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf"],
-                      "Phrase representation (fitted on the training phrases).", **d)
-    flags.DEFINE_string("word_vectors", "", "Local word2vec/GloVe file (default: trained on the "
-                        "training captions).", **d)
-    flags.DEFINE_integer("word_dim", 300, "Size of word vectors trained on the captions.", lower_bound=2, **d)
-    flags.DEFINE_integer("pca_dim", 6000, "PCA size of Fisher vectors larger than this.", lower_bound=1, **d)
-    # Model.
-    flags.DEFINE_enum("model", "embedding", list(MODELS), "Which model.", **d)
-    flags.DEFINE_enum("branch", "nonlinear", ["nonlinear", "linear"], "Branch structure (§4.2).", **d)
-    flags.DEFINE_enum("layout", "original", ["original", "paper"],
-                      "original: FC-BN-ReLU-FC (reference code; linear = FC-L2 as §4.2); "
-                      "paper: FC-ReLU-FC-BN.", **d)
-    flags.DEFINE_integer("hidden_dim", 1024, "First FC layer of each branch (§4.3: 1024).", lower_bound=1, **d)
-    flags.DEFINE_integer("embed_dim", 512, "Embedding size.", lower_bound=1, **d)
-    flags.DEFINE_float("dropout", 0.0, "Dropout after the ReLU (the paper: none for phrase localization).",
-                       lower_bound=0.0, upper_bound=0.95, **d)
+    common.define_feature_flags(
+        fv, text_encoders=["fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf"],
+        image_help="CNN for the single-crop region features.",
+        text_help="Phrase representation (fitted on the training phrases).")
+    # Model, Algorithm 1 and the loss.
+    common.define_two_branch_flags(
+        fv, hidden_dim=1024, dropout=0.0, top_k=30, text_anchor_weight=4.0,
+        text_neighbour_weight=0.1, batch_size=100, epochs=8, learning_rate=1e-3,
+        helps={"layout": "original: FC-BN-ReLU-FC (reference code; linear = FC-L2 as §4.2); "
+                         "paper: FC-ReLU-FC-BN.",
+               "top_k": "K violating triplets kept per positive pair.",
+               "image_anchor_weight": "λ1: region-anchor term; 0 = single-directional.",
+               "text_anchor_weight": "λ2: phrase-anchor (phrase-to-region) term.",
+               "text_neighbour_weight": "λ4 (used only with --neighbourhood_constraints).",
+               "batch_size": "Ground-truth region–phrase pairs per batch.",
+               "epochs": "Epochs of the first stage.",
+               "learning_rate": "Adam learning rate (§4.3)."})
     flags.DEFINE_integer("similarity_head_layers", 3, "FC layers after the element-wise product "
                          "(1: 512→1, 2: 512→512→1, 3: 512→512→256→1).", lower_bound=1, upper_bound=3, **d)
-    flags.DEFINE_integer("cca_components", 512, "CCA dimensions (model=cca).", lower_bound=1, **d)
-    # Algorithm 1 and the loss.
     flags.DEFINE_bool("augment_positives", True, "Positive region augmentation (IoU >= 0.7).", **d)
     flags.DEFINE_bool("neighbourhood_sampling", False, "Algorithm 1 step 3c.", **d)
     flags.DEFINE_bool("neighbourhood_constraints", False, "Switch on λ3/λ4 for the --constraint_epochs "
                       "stage (needs neighbourhood sampling).", **d)
-    flags.DEFINE_float("image_anchor_weight", 1.0, "λ1: region-anchor term; 0 = single-directional.",
-                       lower_bound=0.0, **d)
-    flags.DEFINE_float("text_anchor_weight", 4.0, "λ2: phrase-anchor (phrase-to-region) term.",
-                       lower_bound=0.0, **d)
     flags.DEFINE_float("image_neighbour_weight", 0.1, "λ3 (used only with --neighbourhood_constraints).",
                        lower_bound=0.0, **d)
-    flags.DEFINE_float("text_neighbour_weight", 0.1, "λ4 (used only with --neighbourhood_constraints).",
-                       lower_bound=0.0, **d)
-    flags.DEFINE_float("margin", 0.05, "Ranking margin m.", lower_bound=0.0, **d)
-    flags.DEFINE_integer("top_k", 30, "K violating triplets kept per positive pair.", lower_bound=1, **d)
-    flags.DEFINE_integer("batch_size", 100, "Ground-truth region–phrase pairs per batch.", lower_bound=2, **d)
     flags.DEFINE_integer("negatives_per_phrase", 0, "Cap on IoU<0.3 regions drawn per coreference chain "
                          "(0 = all, as the paper).", lower_bound=0, **d)
     flags.DEFINE_integer("max_positives_per_phrase", 0, "Similarity network: positives kept per pair "
                          "(0 = all).", lower_bound=0, **d)
-    # Training.
-    flags.DEFINE_integer("epochs", 8, "Epochs of the first stage.", lower_bound=1, **d)
+    # Training stages.
     flags.DEFINE_integer("constraint_epochs", 2, "Further epochs with λ3/λ4 on (only with "
                          "--neighbourhood_constraints).", lower_bound=0, **d)
     flags.DEFINE_integer("hard_negative_epochs", 0, "CVPR 2016 stage: epochs after mining hard negatives "
                          "(bi-directional terms only).", lower_bound=0, **d)
     flags.DEFINE_integer("max_hard_negatives", 50, "Hard negatives kept per unique phrase.", lower_bound=1, **d)
-    flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate (§4.3).", lower_bound=0.0, **d)
     common.define_run_flags(
-        fv, export_help="Write a SavedModel (region/phrase feature towers) to <run_dir>/export.",
+        fv, export_help="Write the end-to-end SavedModel (image bytes, proposals and phrases -> "
+        "scores; signature score_proposals) to <run_dir>/export.",
         paper_results_help="The paper's R@1,R@5,R@10 for this row (fewer when the paper gives fewer).")
 
 
@@ -240,7 +217,7 @@ def _set_loss(model, **weights) -> None:
     model.train_function = None   # retrace: the loss weights are read when the step is traced
 
 
-def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
+def train_model(f, data, run_dir: pathlib.Path, typed: dict | None = None) -> tuple[object, dict]:
     """Trains the embedding/similarity network on the training split; returns (model, info)."""
     from tf_twobranch import json_files
     from tf_twobranch.models.two_branch import build_model
@@ -251,7 +228,8 @@ def train_model(f, data, run_dir: pathlib.Path) -> tuple[object, dict]:
     strategy = common.setup_training(f)
     with strategy.scope():
         model = build_model(config)
-    run_config = {"model": config.to_dict(), "train": tcfg.__dict__, "flags": f.flag_values_dict(),
+    run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
+                  **common.flag_record(f, common.typed_flags(f) if typed is None else typed),
                   "task": "phrase_localization"}
     trainer.prepare_run_dir(run_dir, run_config)
     info = {"stages": []}
@@ -299,6 +277,7 @@ def run(f) -> dict:
     from tf_twobranch.evaluation.phrase_localization import (evaluate_phrase_localization,
                                                              random_localization_metrics)
     start = time.time()
+    typed = common.typed_flags(f)  # before the embedded profile fills in defaults
     profile = apply_embedded_profile(f)
     if profile:
         logging.info("embedded dataset: using its profile defaults %s", profile)
@@ -307,7 +286,7 @@ def run(f) -> dict:
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
     layout, data = load_data(f)
     train, test = data["train"], data["test"]
-    record = {"row": row_name, "dataset_dir": str(layout.root), "flags": f.flag_values_dict(),
+    record = {"row": row_name, "dataset_dir": str(layout.root), **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "marks": table_marks(f),
               "num_train_phrases": train.num_phrases, "num_test_phrases": test.num_phrases,
               "num_test_images": len(test.image_ids),
@@ -321,7 +300,7 @@ def run(f) -> dict:
         cca.fit(np.asarray(train.region_features[regions]), np.asarray(train.phrase_features[rows]))
         record["metrics"] = evaluate_phrase_localization(_CCAScorer(cca), test)
     else:
-        model, info = train_model(f, train, run_dir)
+        model, info = train_model(f, train, run_dir, typed)
         record.update({k: v for k, v in info.items() if k != "run_config"})
         record["metrics"] = evaluate_phrase_localization(model, test)
         # Everything experiments.draw_localization needs besides --run_dir.
@@ -329,9 +308,12 @@ def run(f) -> dict:
         cache = pathlib.Path(f.features_cache) if f.features_cache else layout.root / "features"
         record["inputs"] = phrase_localization_inputs(layout, cache, feature_spec(f))
         if f.export and common.is_chief():
-            from tf_twobranch.export.two_branch import export_saved_model
-            record["export_dir"] = str(export_saved_model(model, run_dir / "export",
-                                                          run_config=info["run_config"]))
+            # The end-to-end export (JPEG + proposals + phrases -> scores): what
+            # draw_localization --saved_model and TF Serving take.
+            from tf_twobranch.export.localization import export_phrase_localization_run
+            record["export_dir"] = str(export_phrase_localization_run(
+                model, record["inputs"], run_dir / "export",
+                run_config={**info["run_config"], "inputs": record["inputs"]}))
     record["seconds"] = time.time() - start
     common.write_json(f.out_json or run_dir / "results.json", record)
     return record

@@ -51,6 +51,35 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     if cfg != "table2_a1_cca_fv_hglmm":
         assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
         assert (tmp_path / "run" / "run_config.json").exists()
+        # load_run gives back the split the run was evaluated on, read from the
+        # feature cache (not copied into the run folder).
+        from tf_twobranch.runs import load_run
+        run = load_run(tmp_path / "run")
+        split = run.evaluation_split()
+        assert not (tmp_path / "run" / "evaluation" / "text.npy").exists()
+        assert run.model.evaluate(split) == {k: m[k] for k in run.model.evaluate(split)}
+
+
+def _readme_notebook_snippet() -> str:
+    readme = (common.REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## In a notebook"):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start:section.index("\n```", start)]
+
+
+@pytest.mark.slow
+def test_readme_notebook_snippet_runs_as_written(tiny_dataset, tmp_path, monkeypatch):
+    snippet = _readme_notebook_snippet()
+    run_name = "table2_b6_nonlinear_bidir_nbr_constraints"
+    assert f'load_run("runs/{run_name}")' in snippet
+    record = _run(run_name, tiny_dataset, tmp_path, f"--run_dir={tmp_path / 'runs' / run_name}",
+                  "--epochs=2", "--export=false")
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    metrics = namespace["metrics"]
+    assert set(metrics) >= {"i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "t2i_r1", "rsum"}
+    assert metrics == {k: record["metrics"][k] for k in metrics}
 
 
 def test_flagfile_with_unknown_flag_is_a_clear_error(tmp_path):
@@ -112,3 +141,16 @@ def test_nan_features_are_reported(tiny_dataset, tmp_path):
         _run("table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
              *[f"--{k}_features_{s}={tmp_path / (('im_' if k == 'image' else 'tx_') + s)}.npy"
                for k in ("image", "text") for s in ("train", "test")])
+
+
+def test_run_record_keeps_typed_flags_apart_from_the_embedded_profile():
+    fv = common.parse_flagfile(isr.define_flags,
+                               str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
+                               ["--epochs=3"])
+    typed = common.typed_flags(fv)
+    applied = isr.apply_embedded_profile(fv)   # no --dataset_dir: the embedded profile
+    record = common.flag_record(fv, typed)
+    assert record["typed_flags"]["epochs"] == 3 and record["flags"]["epochs"] == 3
+    assert record["typed_flags"]["sample_size"] == 2          # from the flagfile
+    assert applied["word_dim"] == 50 and record["flags"]["word_dim"] == 50
+    assert "word_dim" not in record["typed_flags"] and "top_k" not in record["typed_flags"]

@@ -137,6 +137,10 @@ def test_tiny_two_stage_run_evaluates_plots_and_exports(tmp_path):
     run = load_run(tmp_path)  # the run folder alone: its last stage, config and results
     assert (run.family, run.run_dir, run.config["stage"]) == ("dual_path", stage2, 2)
     assert run.results["stages"][1]["metrics"]["rsum"] == record["stages"][1]["metrics"]["rsum"]
+    # load_run gives the split the run was evaluated on; evaluate reproduces its metrics.
+    evaluated = run.model.evaluate(run.evaluation_split())
+    assert set(evaluated) < set(record["metrics"])
+    assert evaluated == {k: record["metrics"][k] for k in evaluated}
     from tf_twobranch.data.embedded import load_embedded_dataset
     images = sorted((load_embedded_dataset() / "images").glob("*.jpg"))[:3]
     jpegs = [p.read_bytes() for p in images]

@@ -78,6 +78,14 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         pictures = sorted(out.glob("*.png"))
         assert len(pictures) == 2 and all(p.stat().st_size > 1000 for p in pictures)
+        # ... and from the run's own export, which the README's Fig. 2 command names.
+        out = tmp_path / "pictures_from_export"
+        done = subprocess.run([sys.executable, "-m", "experiments.draw_localization",
+                               f"--saved_model={tmp_path / 'run' / 'export'}", f"--out_dir={out}",
+                               "--num_images=2"],
+                              capture_output=True, text=True, cwd=common.REPO_ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert len(sorted(out.glob("*.png"))) == 2
     table = pl.format_localization_table("t", [pl._table_row(record)])
     assert "R@1" in table and "paper R@1" in table
 

@@ -11,7 +11,14 @@ wrote and rebuilds the trained model:
   last stage (``stage2``, else ``stage1``) is loaded.
 
 The run's ``results.json`` (the metrics the experiment printed) comes with
-it when present.
+it when present, and `Run.evaluation_split()` gives the test split the
+run was evaluated on, so that ``run.model.evaluate(run.evaluation_split())``
+returns the retrieval metrics of ``run.results["metrics"]``. The experiments
+record that split in ``results.json["evaluation"]`` (`record_feature_split`,
+`record_dual_path_split`): feature files by reference (the feature cache or
+the user's files, checked by a fingerprint when read back), arrays that exist
+nowhere else in ``<run>/evaluation/``, and for the dual path the recipe that
+rebuilds its test images and token rows from the dataset.
 """
 from __future__ import annotations
 
@@ -20,12 +27,18 @@ import json
 import pathlib
 
 import keras
+import numpy as np
 
+from tf_twobranch.data import dual_path_data
+from tf_twobranch.data.formats import load_feature_matrix
+from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.models.dual_path import load_dual_path_model
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.sampling.dual_path import test_split
 
-__all__ = ["Run", "load_run", "FAMILIES"]
+__all__ = ["Run", "load_run", "FAMILIES", "record_feature_split", "record_dual_path_split"]
 
 FAMILIES = ("two_branch", "dual_path")
 
@@ -37,6 +50,24 @@ class Run:
     model: keras.Model
     config: dict               # run_config.json: model, training and flag values
     results: dict | None       # results.json of the experiment, when written
+
+    def evaluation_split(self) -> EvaluationSplit:
+        """The test split this run was evaluated on (what `self.model.evaluate` takes)."""
+        record = (self.results or {}).get("evaluation")
+        if record is None:
+            task = (self.results or {}).get("task") or self.config.get("task")
+            if task == "phrase_localization" or "marks" in (self.results or {}):
+                raise UserInputError(
+                    f"{self.run_dir}: a phrase-localization run has no retrieval split; it is "
+                    "evaluated with tf_twobranch.evaluation.phrase_localization on its "
+                    "dataset's test phrases (results.json['inputs'] names the dataset)")
+            raise UserInputError(f"{self.run_dir}: results.json records no evaluation split "
+                                 "(written by an older version, or the run did not finish)")
+        if record.get("kind") == "features":
+            return _read_feature_split(self.run_dir, record)
+        if record.get("kind") == "dual_path":
+            return _read_dual_path_split(record, self.config.get("vocabulary"))
+        raise UserInputError(f"{self.run_dir}: unknown evaluation record kind {record.get('kind')!r}")
 
 
 def _read_json(path: pathlib.Path, what: str) -> dict:
@@ -90,3 +121,93 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
     model = build_model(TwoBranchConfig.from_dict(config["model"]))
     model.load_weights(_weights(folder, checkpoint))
     return Run(folder, "two_branch", model, config, _results(run_dir, folder))
+
+
+# ------------------------------------------------------------------ evaluation split records
+
+def _fingerprint(array: np.ndarray) -> list:
+    """Shape and a cheap checksum: a cached file replaced since the run is noticed."""
+    flat = np.asarray(array).reshape(-1)
+    sample = flat[:: max(1, flat.size // 4096)].astype(np.float64)
+    return [list(np.shape(array)), float(np.sum(sample)), float(np.sum(sample * sample))]
+
+
+def _array_record(run_dir: pathlib.Path, name: str, array, source: dict | None) -> dict:
+    array = np.asarray(array)
+    if source and source.get("file"):
+        return {"file": str(source["file"]), "key": source.get("key"),
+                "reader": source.get("reader", "feature_matrix"), "fingerprint": _fingerprint(array)}
+    folder = run_dir / "evaluation"
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / f"{name}.npy", array, allow_pickle=False)
+    return {"file": f"evaluation/{name}.npy", "key": None, "reader": "npy",
+            "fingerprint": _fingerprint(array)}
+
+
+def record_feature_split(run_dir, split: EvaluationSplit, sources: dict | None = None) -> dict:
+    """The ``results.json["evaluation"]`` entry of a split of precomputed inputs.
+
+    `sources` maps "image"/"text" to ``{"file", "key"[, "reader"]}`` of the
+    file each was read from unchanged (reader "feature_matrix", the default:
+    `load_feature_matrix`; "npy": `np.load` as stored); other arrays are
+    saved under ``<run_dir>/evaluation/``.
+    """
+    run_dir = pathlib.Path(run_dir)
+    sources = sources or {}
+    return {"kind": "features", "protocol": split.protocol,
+            "image": _array_record(run_dir, "image", split.image, sources.get("image")),
+            "text": _array_record(run_dir, "text", split.text, sources.get("text")),
+            "caption_image": _array_record(run_dir, "caption_image", split.caption_image, None)}
+
+
+def _read_array(run_dir: pathlib.Path, record: dict):
+    path = pathlib.Path(record["file"])
+    if not path.is_absolute():
+        path = run_dir / path
+    if not path.exists():
+        raise UserInputError(f"{path}: the run's evaluation input is gone (results.json "
+                             "'evaluation' names it); run the experiment again to recreate it")
+    rows = record["fingerprint"][0][0]
+    if record["reader"] == "npy":    # stored as is (token ids, indices, arrays of the run)
+        array = np.load(path, allow_pickle=False)
+    else:
+        array = load_feature_matrix(path, record.get("key"), expected_rows=rows)
+    if _fingerprint(array) != record["fingerprint"]:
+        raise UserInputError(f"{path}: differs from the file the run was evaluated on (shape or "
+                             "content changed since); run the experiment again")
+    return array
+
+
+def _read_feature_split(run_dir: pathlib.Path, record: dict) -> EvaluationSplit:
+    caption_image = _read_array(run_dir, record["caption_image"])
+    image = _read_array(run_dir, record["image"])
+    text = _read_array(run_dir, record["text"])
+    return EvaluationSplit(image, text, caption_image, protocol=record["protocol"])
+
+
+def record_dual_path_split(layout, *, split: str, dataset_kind: str, max_len: int,
+                           long_captions: str, max_images: int | None, resize_to: int,
+                           crop_size: int, text_shift: str, protocol: str) -> dict:
+    """The ``results.json["evaluation"]`` entry of a dual-path run: how its test
+    images and token rows are rebuilt from the dataset (images are too large to copy)."""
+    return {"kind": "dual_path", "dataset_dir": str(layout.root), "caption_format": layout.caption_format,
+            "caption_file": str(layout.caption_file) if layout.caption_file else None,
+            "images_dir": str(layout.images_dir) if layout.images_dir else None,
+            "split": split, "dataset_kind": dataset_kind, "max_len": max_len,
+            "long_captions": long_captions, "max_images": max_images, "resize_to": resize_to,
+            "crop_size": crop_size, "text_shift": text_shift, "protocol": protocol}
+
+
+def _read_dual_path_split(record: dict, vocabulary) -> EvaluationSplit:
+    if not vocabulary:
+        raise UserInputError("the dual-path run's run_config.json has no vocabulary")
+    pedes = record["dataset_kind"] == "pedes"
+    layout = resolve_dataset(record["dataset_dir"], caption_format=record["caption_format"],
+                             images_dir=record["images_dir"],
+                             captions_path=record["caption_file"] if pedes else None)
+    build = (dual_path_data.dual_path_data_from_pedes if pedes
+             else dual_path_data.dual_path_data_from_retrieval)
+    data = build(layout, record["split"], vocabulary=vocabulary, max_len=record["max_len"],
+                 long_captions=record["long_captions"], max_images=record["max_images"])
+    return test_split(data, resize_to=record["resize_to"], crop_size=record["crop_size"],
+                      text_shift=record["text_shift"], protocol=record["protocol"], by_identity=pedes)

@@ -3,8 +3,8 @@
 The folder is recognised once by `tf_twobranch.data.layout.resolve_dataset`
 (Karpathy JSON, Flickr30K token file + split lists, MSCOCO caption files,
 the vsepp/SCAN precomp layout, CUHK-PEDES); the functions here read the
-caption files it found. Each split becomes a `CaptionCorpus`; features are
-attached by `RetrievalSplit`. A missing caption or split file is one error
+caption files it found. Each split becomes a `CaptionCorpus` (a model's test
+inputs travel as `tf_twobranch.evaluation.split.EvaluationSplit`). A missing caption or split file is one error
 listing what the folder has and lacks (`DatasetLayout.require`); a split
 file or caption file that lists no images is an error naming that file.
 
@@ -13,7 +13,6 @@ sentence features.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import numpy as np
@@ -22,7 +21,7 @@ from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats import (read_coco_captions, read_cuhk_pedes, read_karpathy_json,
                                        read_precomp_corpus, read_precomp_split, read_token_file)
 from tf_twobranch.data.layout import SPLITS, DatasetLayout, resolve_dataset
-from tf_twobranch.errors import DataFormatError, UserInputError
+from tf_twobranch.errors import DataFormatError
 
 CAPTIONS = "image-sentence captions"
 
@@ -114,33 +113,3 @@ def load_caption_splits(dataset: DatasetLayout | str | os.PathLike, *,
                                   f"no captions_{split}*.json file")
         out[split] = read_coco_captions(path)
     return _check_not_empty(out, root)
-
-
-@dataclasses.dataclass
-class RetrievalSplit:
-    """One split's captions with model inputs aligned to them.
-
-    ``image`` rows follow ``corpus.image_ids``; ``text`` rows follow
-    ``corpus.captions``.
-    """
-    name: str
-    corpus: CaptionCorpus
-    image: np.ndarray
-    text: np.ndarray
-
-    def __post_init__(self):
-        if len(self.image) != self.corpus.num_images:
-            raise UserInputError(
-                f"split {self.name}: {len(self.image)} image feature rows but "
-                f"{self.corpus.num_images} images in {self.corpus.source or 'the captions'}")
-        if len(self.text) != self.corpus.num_captions:
-            raise UserInputError(
-                f"split {self.name}: {len(self.text)} text rows but "
-                f"{self.corpus.num_captions} captions in {self.corpus.source or 'the captions'}")
-
-    @property
-    def caption_image(self) -> np.ndarray:
-        return self.corpus.caption_image
-
-    def as_dict(self) -> dict:
-        return {"image": self.image, "text": self.text, "caption_image": self.caption_image}

@@ -69,14 +69,14 @@ import tensorflow as tf
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import serving
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
-from tf_twobranch.features.backbones import backbone_input_size
-from tf_twobranch.features.text_features import TextEncoder
+from tf_twobranch.features.backbones import backbone_input_size, build_backbone
+from tf_twobranch.features.text_features import TextEncoder, load_text_encoder
 from tf_twobranch.features.tf_text_features import text_feature_layer_from_encoder
 from tf_twobranch.image_decoding import tf_decode_image
 from tf_twobranch.models.two_branch import TwoBranchModel
 
 __all__ = ["BOX_CONVENTIONS", "decode_image_exact", "crop_regions", "RegionPhraseServingModule",
-           "export_region_phrase_model"]
+           "export_region_phrase_model", "export_phrase_localization_run"]
 
 BOX_CONVENTIONS = ("inclusive", "half_open")
 
@@ -331,3 +331,17 @@ def export_region_phrase_model(model: TwoBranchModel, image_backbone: keras.Mode
         "signatures": sorted(module.signatures()),
     }
     return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
+
+
+def export_phrase_localization_run(model: TwoBranchModel, inputs: dict, export_dir, *,
+                                   run_config: dict | None = None) -> pathlib.Path:
+    """The export of a phrase-localization run (what `experiments.draw_localization
+    --saved_model` and TF Serving take): the trained model between the region
+    backbone and the fitted phrase encoder the run recorded (results.json
+    ``inputs``: ``backbone``, ``backbone_weights``, ``text_encoder``).
+    Proposals are warped to the backbone's input size, as the region features
+    were."""
+    backbone = build_backbone(inputs["backbone"], weights_path=inputs["backbone_weights"])
+    encoder = load_text_encoder(inputs["text_encoder"])
+    return export_region_phrase_model(model, backbone, encoder, export_dir,
+                                      crop_size=backbone_input_size(backbone), run_config=run_config)

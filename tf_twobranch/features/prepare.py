@@ -31,9 +31,16 @@ from absl import logging
 
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats import load_feature_matrix, save_feature_matrix
+from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.tokenize import build_vocabulary, tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features.backbones import build_backbone
+from tf_twobranch.features.image_features import extract_image_features
+from tf_twobranch.features.images import load_images_at_size
+from tf_twobranch.features.scene_cnn import entity_region_crops, train_scene_cnn
+from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
+from tf_twobranch.features.word_vectors import train_word_vectors
 
 SCENE_CNN_RECIPE = "2: region-supervised, binary targets"
 IMAGE_BACKBONES = ("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152")
@@ -88,12 +95,9 @@ def cache_digest(d: dict) -> str:
 
 def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
                     layout: DatasetLayout) -> dict[str, np.ndarray]:
-    from tf_twobranch.features.images import load_images_at_size
-    from tf_twobranch.features.image_features import extract_image_features
     paths = {s: layout.image_paths(c.image_ids, file_names=getattr(c, "file_names", None), source=c.source)
              for s, c in splits.items()}
     if spec.image_backbone == "scene_cnn":
-        from tf_twobranch.features.scene_cnn import entity_region_crops, train_scene_cnn
         train = splits["train"]
         # Square images of one size (the embedded data) are used as they are;
         # real images of mixed sizes are resized to 96x96 (load_images_at_size).
@@ -119,7 +123,6 @@ def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
         # file (any size) is resized to size x size first, as in training.
         kwargs = dict(crop_size=size * 7 // 8, resize_to=size) if spec.ten_crop else {}
     else:
-        from tf_twobranch.features.backbones import build_backbone
         backbone = build_backbone(spec.image_backbone, weights_path=spec.backbone_weights)
         kwargs = {}
     return {s: extract_image_features(p, backbone, ten_crop=spec.ten_crop, **kwargs)
@@ -151,11 +154,8 @@ def sentence_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus]):
                 ids[r, :len(row)] = row
             out[s] = ids
         return out, {"vocabulary": vocab}
-    from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
     kwargs = {}
     if encoder_needs_word_vectors(spec.text_encoder):
-        from tf_twobranch.data.formats.word_vectors import load_word_vectors
-        from tf_twobranch.features.word_vectors import train_word_vectors
         if spec.word_vectors:
             vocab = {w for t in tokens["train"] for w in t}
             wv = load_word_vectors(spec.word_vectors, vocabulary=vocab)
@@ -184,7 +184,8 @@ def prepare_retrieval_features(splits: dict[str, CaptionCorpus], layout: Dataset
     supervision from the layout's Flickr30K Entities folder when it has one.
 
     Returns (image_features by split, text inputs by split, extras) where
-    extras holds e.g. the LSTM vocabulary.
+    extras holds e.g. the LSTM vocabulary and ``feature_files``: {split: {"image"|"text":
+    {"file", "key"}}}, the cache files the inputs were read from.
     """
     spec.validate()
     cache_dir = pathlib.Path(cache_dir)
@@ -215,6 +216,17 @@ def prepare_retrieval_features(splits: dict[str, CaptionCorpus], layout: Dataset
         logging.info("text features (%s) computed in %.1f s", spec.text_encoder,
                      time.time() - start)
     extras = json.loads((text_dir / "extras.json").read_text(encoding="utf-8"))
+    # Where each split's inputs live, so a run can point at its evaluation
+    # split instead of copying it (tf_twobranch.runs).
+    extras["feature_files"] = {
+        s: {"image": {"file": str((image_dir / f"image_features_{s}.mat").absolute()),
+                      "key": "image_features"},
+            "text": ({"file": str((text_dir / f"token_ids_{s}.npy").absolute()), "key": None,
+                      "reader": "npy"}
+                     if spec.text_encoder == "lstm" else
+                     {"file": str((text_dir / f"text_features_{s}.h5").absolute()),
+                      "key": "text_features"})}
+        for s in splits}
     for s, corpus in splits.items():
         image_feats[s] = load_feature_matrix(image_dir / f"image_features_{s}.mat",
                                              "image_features", expected_rows=corpus.num_images)

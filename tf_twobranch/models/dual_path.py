@@ -94,13 +94,13 @@ from tf_twobranch.batching import in_batches, unpack_batch
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.features.backbones import build_backbone
-from tf_twobranch.models.evaluation_input import reject_unused_arguments, retrieval_split
+from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
 from tf_twobranch.vectors import l2_normalize_rows
 
 __all__ = ["DualPathConfig", "DualPathModel", "PaddingMaskedEmbedding", "build_image_cnn",
            "build_text_cnn", "build_dual_path_model", "text_stage_specs",
            "text_receptive_field", "text_feature_length", "save_dual_path_config",
-           "load_dual_path_config", "load_dual_path_model"]
+           "load_dual_path_config", "load_dual_path_model", "retrieval_metrics"]
 
 IMAGE_BACKBONES = ("resnet50", "vgg19", "vgg16", "resnet152", "scene_cnn")
 LAYOUTS = ("paper", "reference")
@@ -587,29 +587,64 @@ class DualPathModel(keras.Model):
             self._embed_fns["text"] = embed
         return in_batches(self._embed_fns["text"], token_ids.astype(np.int32), batch_size)
 
-    def evaluate(self, x=None, y=None, *, protocol: str = "full", batch_size: int = 32,
+    def retrieval_embeddings(self, x, *, batch_size: int = 32,
+                             flip_average: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """L2-normalised (image, caption) embeddings of a test split (see `evaluate`).
+
+        With ``caption_of_row`` (several token rows per caption: the
+        reference code's test-time position shifts) a caption's feature is
+        the mean of its rows' features. Image rows are normalised in float64
+        (the experiments' convention since the first Table 1 figures), text
+        rows in float32.
+        """
+        split = as_evaluation_split(x)
+        if split.image is None or split.text is None:
+            raise UserInputError("evaluate() needs the 'image' and 'text' arrays, got None")
+        image_embeds = l2_normalize_rows(self.embed_images(split.image, flip_average, batch_size),
+                                         dtype=np.float64)
+        text_embeds = self.embed_texts(split.text)
+        if split.caption_of_row is not None:
+            rows = np.asarray(split.caption_of_row)
+            if rows.shape != (len(text_embeds),):
+                raise UserInputError(f"caption_of_row needs one caption index per text row "
+                                     f"({len(text_embeds)}), got shape {rows.shape}")
+            sums = np.zeros((split.num_captions, text_embeds.shape[1]), np.float64)
+            np.add.at(sums, rows, text_embeds)
+            counts = np.bincount(rows, minlength=split.num_captions)
+            if counts.min() == 0:
+                raise UserInputError(f"caption {int(np.argmin(counts))} has no text row in "
+                                     "caption_of_row")
+            text_embeds = (sums / counts[:, None]).astype(np.float32)
+        elif len(text_embeds) != split.num_captions:
+            raise UserInputError(f"{len(text_embeds)} text rows for {split.num_captions} captions; "
+                                 "pass caption_of_row when captions have several rows")
+        return image_embeds, l2_normalize_rows(text_embeds)
+
+    def evaluate(self, x=None, y=None, *, protocol: str | None = None, batch_size: int = 32,
                  flip_average: bool = True, ks: Sequence[int] = retrieval.DEFAULT_KS,
                  **kwargs) -> dict:
-        """Image↔text retrieval metrics (cosine) via `retrieval.evaluate_protocol`.
+        """Image↔text retrieval metrics (cosine) from the one evaluation core.
 
-        `x` is a dict (or an object with those attributes) with ``image``
-        float RGB 0..255 images (num_images, S, S, 3), ``text`` token ids
-        (num_captions, L) and ``caption_image`` (num_captions,), as for every
-        model (`models.evaluation_input`). Given a `tf.data.Dataset` of
-        training-style batches (as `fit` passes validation data), this is
-        Keras' `evaluate`: the loss terms of `test_step`.
+        `x` is an `EvaluationSplit` (e.g. `load_run(...).evaluation_split()`),
+        a dict or an object with ``image`` float RGB 0..255 images
+        (num_images, S, S, 3), ``text`` token ids (rows, L) and
+        ``caption_image`` (num_captions,), as for every model
+        (`models.evaluation_input`); optionally ``caption_of_row`` (see
+        `retrieval_embeddings`) and ``image_class`` (CUHK-PEDES: a caption's
+        positives are all images of its identity; text→image metrics only).
+        `protocol` defaults to the split's, else "full". Given a
+        `tf.data.Dataset` of training-style batches (as `fit` passes
+        validation data), this is Keras' `evaluate`: the loss terms of
+        `test_step`.
         """
         if isinstance(x, tf.data.Dataset):
             kwargs.setdefault("return_dict", True)
             return super().evaluate(x, y, **kwargs)
         reject_unused_arguments(kwargs, type(self).__name__)
-        images, token_ids, caption_image = retrieval_split(x)
-        if images is None or token_ids is None:
-            raise UserInputError("evaluate() needs the 'image' and 'text' arrays, got None")
-        image_embeds = l2_normalize_rows(self.embed_images(images, flip_average, batch_size))
-        text_embeds = l2_normalize_rows(self.embed_texts(token_ids))
-        return retrieval.evaluate_protocol(image_embeds, text_embeds, np.asarray(caption_image),
-                                           protocol, ks=ks)
+        split = as_evaluation_split(x, protocol)
+        image_embeds, text_embeds = self.retrieval_embeddings(split, batch_size=batch_size,
+                                                              flip_average=flip_average)
+        return retrieval_metrics(split, image_embeds, text_embeds, ks=ks)
 
     def evaluate_text_to_image(self, images, token_ids, caption_identity, image_identity, *,
                                batch_size: int = 32, flip_average: bool = True,
@@ -626,6 +661,21 @@ class DualPathModel(keras.Model):
         text_embeds = l2_normalize_rows(self.embed_texts(token_ids))
         ranks = retrieval.group_ranks(text_embeds, image_embeds, caption_identity, image_identity)
         return retrieval.metrics_from_ranks(ranks, ks, prefix="t2i_")
+
+
+def retrieval_metrics(split, image_embeds, text_embeds,
+                      ks: Sequence[int] = retrieval.DEFAULT_KS) -> dict:
+    """The metrics of `DualPathModel.evaluate` from the split's embeddings
+    (`DualPathModel.retrieval_embeddings`): the one evaluation core under the
+    split's protocol, or text→image ranks by identity when it has ``image_class``."""
+    split = as_evaluation_split(split)
+    if split.image_class is not None:
+        image_class = np.asarray(split.image_class)
+        ranks = retrieval.group_ranks(text_embeds, image_embeds,
+                                      image_class[split.caption_image], image_class)
+        return retrieval.metrics_from_ranks(ranks, ks, prefix="t2i_")
+    return retrieval.evaluate_protocol(image_embeds, text_embeds, split.caption_image,
+                                       split.protocol, ks=ks)
 
 
 def build_dual_path_model(config: DualPathConfig | dict,

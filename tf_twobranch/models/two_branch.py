@@ -23,10 +23,10 @@ import tensorflow as tf
 
 from tf_twobranch import distribute, losses
 from tf_twobranch.batching import in_batches, inference_function, unpack_batch
-from tf_twobranch.errors import ConfigError
+from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.models.branches import BRANCH_LAYOUTS, build_feature_branch
-from tf_twobranch.models.evaluation_input import reject_unused_arguments, retrieval_split
+from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
 from tf_twobranch.models.text_towers import build_lstm_text_tower
 
 MODEL_KINDS = ("embedding", "similarity")
@@ -329,29 +329,33 @@ class TwoBranchModel(keras.Model):
             return np.concatenate(blocks, axis=1)
         return score
 
-    def evaluate(self, x=None, y=None, *, protocol: str = "full", batch_size: int = 1024,
+    def evaluate(self, x=None, y=None, *, protocol: str | None = None, batch_size: int = 1024,
                  ks: Sequence[int] = retrieval.DEFAULT_KS, **kwargs) -> dict:
         """Image–text retrieval metrics on a test split via the shared core.
 
-        `x` is a dict with ``image`` (num_images, ...) inputs, ``text``
-        (num_captions, ...) inputs and ``caption_image`` (num_captions,) —
-        as returned by `tf_twobranch.data.retrieval_data.RetrievalSplit.as_dict()`
-        — or any object with those attributes (`models.evaluation_input`).
+        `x` is an `EvaluationSplit` (e.g. `load_run(...).evaluation_split()`),
+        a dict with ``image`` (num_images, ...) inputs, ``text``
+        (num_captions, ...) inputs and ``caption_image`` (num_captions,), or
+        any object with those attributes (`models.evaluation_input`).
         Returns R@K in both directions, median/mean rank and rsum under
-        `protocol`, the same numbers as `tf_twobranch.evaluation.retrieval`
-        on the model's embeddings (through the similarity head's scores for
-        the similarity network). A `tf.data.Dataset` of training batches
-        gives Keras' loss evaluation instead.
+        `protocol` (default: the split's, else "full"), the same numbers as
+        `tf_twobranch.evaluation.retrieval` on the model's embeddings (through
+        the similarity head's scores for the similarity network). A
+        `tf.data.Dataset` of training batches gives Keras' loss evaluation
+        instead.
         """
         if isinstance(x, tf.data.Dataset):
             kwargs.setdefault("return_dict", True)
             return super().evaluate(x, y, **kwargs)
         reject_unused_arguments(kwargs, type(self).__name__)
-        images, texts, caption_image = retrieval_split(x)
-        image_embeds = self.embed_images(images, batch_size)
-        text_embeds = self.embed_texts(texts, batch_size)
+        split = as_evaluation_split(x, protocol)
+        if split.caption_of_row is not None or split.image_class is not None:
+            raise UserInputError("caption_of_row / image_class are dual-path evaluation inputs; "
+                                 "a two-branch model takes one text row per caption")
+        image_embeds = self.embed_images(split.image, batch_size)
+        text_embeds = self.embed_texts(split.text, batch_size)
         return retrieval.evaluate_protocol(
-            image_embeds, text_embeds, caption_image, protocol, ks=ks,
+            image_embeds, text_embeds, split.caption_image, split.protocol, ks=ks,
             score_fn_factory=None if self.similarity_head is None else self.score_fn)
 
     def sentence_retrieval(self, texts, caption_image, batch_size: int = 1024) -> dict:

@@ -41,7 +41,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.data.dual_path_data import DualPathData
+from tf_twobranch.distribute import distribute_global_batches
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.image_decoding import tf_decode_image
 
 logger = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ __all__ = [
     "position_shift", "left_align", "all_shifts",
     "train_image", "test_image", "flip",
     "TrainData", "steps_per_epoch", "global_batch_indices", "index_batches", "batch_loader",
-    "train_dataset", "distributed_train_dataset", "TestData", "test_datasets",
+    "train_dataset", "distributed_train_dataset", "TestData", "test_datasets", "test_split",
 ]
 
 TEXT_SHIFTS = ("position_shift", "left_align")
@@ -473,8 +475,6 @@ def distributed_train_dataset(strategy: tf.distribute.Strategy, data: DualPathDa
     `tf_twobranch.distribute.distribute_global_batches`. Replica r's rows
     equal rows r·B/R … (r+1)·B/R − 1 of the single-device batch.
     """
-    from tf_twobranch.distribute import distribute_global_batches
-
     replicas = strategy.num_replicas_in_sync
     if batch_size % replicas:
         raise ConfigError(f"batch_size={batch_size} is not divisible by the {replicas} replicas")
@@ -557,3 +557,23 @@ def test_datasets(data: DualPathData, *, batch_size: int = 64, resize_to: int = 
     texts = tf.data.Dataset.from_tensor_slices({"token_ids": rows, "caption_index": caption_of_row})
     return TestData(images, texts.batch(batch_size), caption_of_row,
                     data.caption_image.copy())
+
+
+def test_split(data: DualPathData, *, resize_to: int = 256, crop_size: int = 224,
+               text_shift: str = "left_align", protocol: str = "full",
+               by_identity: bool = False) -> EvaluationSplit:
+    """The evaluation split as arrays, what `DualPathModel.evaluate` takes.
+
+    Images are decoded and cropped as `test_datasets` does (the model adds
+    the mirrored image itself); with ``text_shift="all_shifts"`` the split
+    carries ``caption_of_row``. `by_identity` (CUHK-PEDES) adds
+    ``image_class``: a caption's positives are all images of its identity.
+    """
+    test = test_datasets(data, resize_to=resize_to, crop_size=crop_size, text_shift=text_shift,
+                         flip_images=False)
+    images = np.concatenate([b["image"].numpy() for b in test.images])
+    rows = np.concatenate([b["token_ids"].numpy() for b in test.texts])
+    several_rows = len(rows) != data.num_captions
+    return EvaluationSplit(images, rows, test.caption_image, protocol=protocol,
+                           caption_of_row=test.caption_of_row if several_rows else None,
+                           image_class=np.asarray(data.image_class) if by_identity else None)
