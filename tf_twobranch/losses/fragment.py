@@ -1,0 +1,118 @@
+"""Deep fragment embedding objectives (Karpathy, Joulin & Fei-Fei, NIPS 2014, §3.3).
+
+A batch holds B images and B sentences, image k paired with sentence k.
+Fragments are padded: image fragments ``v`` (B, M, h) with ``image_mask``
+(B, M) and sentence fragments ``s`` (B, F, h) with ``sentence_mask`` (B, F).
+The fragment scores vᵢᵀsⱼ of every pair form a (B, M, B, F) tensor; padded
+entries never count.
+
+* `fragment_alignment_labels`: y = +1 inside a positive bag (same pair),
+  −1 elsewhere (eq. 4); with ``mil`` the mi-SVM heuristic of eq. 5 inside
+  positive bags: y = sign(vᵀs) (a score of exactly 0 counts as negative), and
+  a sentence fragment whose bag has no positive gets its best-scoring image
+  fragment as the positive.
+* `fragment_alignment_objective`: C₀ = Σ max(0, margin − y·vᵀs) over all
+  valid fragment pairs (eq. 4; margin 1), or the authors' code's
+  class-balanced form (per sentence fragment, positives weighted 1/#pos and
+  negatives 1/#neg; ``class_balanced=True``).
+* `global_scores`: S_kl = Σ_{i∈g_k} Σ_{j∈g_l} max(0, vᵢᵀsⱼ) / (|g_k|(|g_l| + n))
+  (eq. 6, n = 5), or the code's 1/(|g_l| + n) (``normaliser="code"``,
+  smoothnum 10 there). A sentence without fragments scores 0 with every image.
+* `global_ranking_objective`: C_G = Σ_k [Σ_{l≠k} max(0, S_kl − S_kk + Δ) +
+  Σ_{l≠k} max(0, S_lk − S_kk + Δ)] (eq. 7).
+
+All are pure functions of tensors; the model adds C_F + β·C_G (+ α‖θ‖² as
+weight decay). Sums, not means, as in the paper; the learning rate absorbs
+the scale.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+__all__ = ["NORMALISERS", "fragment_scores", "fragment_alignment_labels",
+           "fragment_alignment_objective", "global_scores", "global_scores_from_fragment_scores",
+           "global_ranking_objective"]
+
+NORMALISERS = ("paper", "code")
+
+
+def fragment_scores(image_fragments, sentence_fragments) -> tf.Tensor:
+    """vᵢᵀsⱼ for every image fragment of every image and sentence fragment of every sentence: (Bi, M, Bs, F)."""
+    return tf.einsum("kmh,lfh->kmlf", image_fragments, sentence_fragments)
+
+
+def _pair_masks(image_mask, sentence_mask):
+    image_mask = tf.cast(image_mask, tf.bool)
+    sentence_mask = tf.cast(sentence_mask, tf.bool)
+    valid = image_mask[:, :, None, None] & sentence_mask[None, None, :, :]
+    b = tf.shape(image_mask)[0]
+    same_pair = tf.eye(b, tf.shape(sentence_mask)[0], dtype=tf.bool)[:, None, :, None]
+    return valid, valid & same_pair
+
+
+def fragment_alignment_labels(scores, image_mask, sentence_mask, *, mil: bool = False) -> tf.Tensor:
+    """y ∈ {−1, +1} of every fragment pair, shaped like `scores` (see the module docstring)."""
+    scores = tf.convert_to_tensor(scores)
+    _, positive_bag = _pair_masks(image_mask, sentence_mask)
+    if not mil:
+        return tf.where(positive_bag, 1.0, -1.0)
+    positive = positive_bag & (scores > 0)
+    # Bags of a sentence fragment: its own image's valid fragments (axis 1 of
+    # the diagonal block). A bag with no positive gets its arg-max forced.
+    has_positive = tf.reduce_any(positive, axis=1, keepdims=True)
+    in_bag = tf.where(positive_bag, scores, tf.fill(tf.shape(scores), scores.dtype.min))
+    best = tf.one_hot(tf.argmax(in_bag, axis=1), tf.shape(scores)[1], axis=1) > 0
+    bag_exists = tf.reduce_any(positive_bag, axis=1, keepdims=True)
+    forced = best & positive_bag & ~has_positive & bag_exists
+    return tf.where(positive | forced, 1.0, -1.0)
+
+
+def fragment_alignment_objective(scores, labels, image_mask, sentence_mask, *, margin: float = 1.0,
+                                 class_balanced: bool = False) -> tf.Tensor:
+    """C₀ (or C_F given MIL labels): hinge over every valid fragment pair (scalar)."""
+    valid, _ = _pair_masks(image_mask, sentence_mask)
+    labels = tf.cast(labels, scores.dtype)
+    hinge = tf.where(valid, tf.nn.relu(margin - labels * scores), tf.zeros_like(scores))
+    if not class_balanced:
+        return tf.reduce_sum(hinge)
+    validf = tf.cast(valid, scores.dtype)
+    positives = tf.cast(labels > 0, scores.dtype) * validf
+    negatives = validf - positives
+    # Per sentence fragment (axes 2, 3): counts over all image fragments (axes 0, 1).
+    num_pos = tf.reduce_sum(positives, axis=[0, 1], keepdims=True)
+    num_neg = tf.reduce_sum(negatives, axis=[0, 1], keepdims=True)
+    weights = positives / tf.maximum(num_pos, 1.0) + negatives / tf.maximum(num_neg, 1.0)
+    return tf.reduce_sum(weights * hinge)
+
+
+def global_scores_from_fragment_scores(scores, image_mask, sentence_mask, *, smoothing: float = 5.0,
+                                       normaliser: str = "paper") -> tf.Tensor:
+    """S (Bi, Bs) of eq. 6 from the fragment scores (see the module docstring)."""
+    if normaliser not in NORMALISERS:
+        raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
+    valid, _ = _pair_masks(image_mask, sentence_mask)
+    total = tf.reduce_sum(tf.where(valid, tf.nn.relu(scores), tf.zeros_like(scores)), axis=[1, 3])
+    sentence_sizes = tf.reduce_sum(tf.cast(sentence_mask, scores.dtype), axis=1)
+    denominator = (sentence_sizes + smoothing)[None, :]
+    if normaliser == "paper":
+        image_sizes = tf.reduce_sum(tf.cast(image_mask, scores.dtype), axis=1)
+        denominator = tf.maximum(image_sizes, 1.0)[:, None] * denominator
+    return total / denominator
+
+
+def global_scores(image_fragments, image_mask, sentence_fragments, sentence_mask, *,
+                  smoothing: float = 5.0, normaliser: str = "paper") -> tf.Tensor:
+    """S (Bi, Bs) of eq. 6 between every image and every sentence."""
+    return global_scores_from_fragment_scores(
+        fragment_scores(image_fragments, sentence_fragments), image_mask, sentence_mask,
+        smoothing=smoothing, normaliser=normaliser)
+
+
+def global_ranking_objective(global_score_matrix, *, margin: float) -> tf.Tensor:
+    """C_G of eq. 7 for a square S whose diagonal holds the true pairs (scalar)."""
+    s = global_score_matrix
+    diagonal = tf.linalg.diag_part(s)
+    off_diagonal = 1.0 - tf.eye(tf.shape(s)[0], dtype=s.dtype)
+    rank_sentences = tf.nn.relu(s - diagonal[:, None] + margin)   # S_kl vs S_kk, row k
+    rank_images = tf.nn.relu(s - diagonal[None, :] + margin)      # S_lk vs S_kk, column k
+    return tf.reduce_sum((rank_sentences + rank_images) * off_diagonal)
