@@ -44,8 +44,8 @@ def sentence_lengths(num_sentences: int, seed: int = 0) -> tuple[np.ndarray, str
 
 
 def _setup(num_images, num_sentences, fragments, h, seed):
-    import tensorflow as tf  # noqa: F401  (imported before the baseline is taken)
-
+    # TensorFlow comes in here, in the measuring process, before the memory
+    # baseline is taken.
     from tf_twobranch.evaluation.fragment_retrieval import fragment_score_fn
     rng = np.random.default_rng(seed)
     lengths, _ = sentence_lengths(num_sentences, seed)

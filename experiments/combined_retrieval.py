@@ -30,9 +30,17 @@ import time
 
 import numpy as np
 from absl import app, flags
+from scipy import sparse
 
 from experiments import common
+from experiments import image_sentence_retrieval as isr
+from experiments import phrase_localization as pl
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.formats.flickr30k_entities import NOTVISUAL_TYPE, NULL_CHAIN_ID, read_sentence_file
+from tf_twobranch.data.tokenize import tokenize_caption
+from tf_twobranch.evaluation import retrieval
+from tf_twobranch.features.prepare_regions import encode_phrases, load_phrase_encoder, split_region_features
+from tf_twobranch.runs import load_run
 from tf_twobranch.vectors import l2_normalize_rows
 
 DEFAULT_IMAGE_SENTENCE_CFG = "table2_b6_nonlinear_bidir_nbr_constraints"
@@ -70,8 +78,6 @@ def _row_flags(define, run_config: dict):
 
 
 def _train_missing(f) -> tuple[pathlib.Path, pathlib.Path]:
-    from experiments import image_sentence_retrieval as isr
-    from experiments import phrase_localization as pl
     runs = []
     for given, cfg, module in ((f.image_sentence_run, f.image_sentence_flagfile, isr),
                                (f.region_phrase_run, f.region_phrase_flagfile, pl)):
@@ -91,8 +97,6 @@ def _train_missing(f) -> tuple[pathlib.Path, pathlib.Path]:
 
 def sentence_phrases(layout, corpus) -> list[list[str]]:
     """Phrase strings of every caption of ``corpus``, from the Entities Sentences files (checked to match)."""
-    from tf_twobranch.data.formats.flickr30k_entities import NOTVISUAL_TYPE, NULL_CHAIN_ID, read_sentence_file
-    from tf_twobranch.data.tokenize import tokenize_caption
     layout.require("entities", purpose="Table 5 (the phrases of every test sentence)")
     out: list[list[str]] = []
     cache: dict[str, list] = {}
@@ -136,13 +140,6 @@ def region_phrase_distances(rp_model, phrase_features: np.ndarray, proposal_feat
 
 
 def run(f) -> dict:
-    from scipy import sparse
-
-    from experiments import image_sentence_retrieval as isr
-    from experiments import phrase_localization as pl
-    from tf_twobranch.evaluation import retrieval
-    from tf_twobranch.features.prepare_regions import encode_phrases, load_phrase_encoder, split_region_features
-    from tf_twobranch.runs import load_run
     start = time.time()
     is_run, rp_run = _train_missing(f)
     is_loaded, rp_loaded = load_run(is_run), load_run(rp_run)

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import pathlib
+import re
 from typing import Callable, Sequence
 
+import keras
 from absl import flags
 
 from tf_twobranch import distribute, json_files
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
+from tf_twobranch.speed import set_precision
+from tf_twobranch.training import trainer
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"
@@ -177,11 +181,6 @@ def setup_training(f):
     deterministic TF ops), sets the dtype policy (`--precision`) and creates
     the `tf.distribute` strategy (`--strategy`).
     """
-    import keras
-
-    from tf_twobranch.speed import set_precision
-    from tf_twobranch.training import trainer
-
     keras.utils.set_random_seed(f.seed)
     if f.deterministic:
         trainer.make_deterministic(f.seed)
@@ -191,7 +190,6 @@ def setup_training(f):
 
 def train_config(f, *, epochs: int, learning_rate: float, seed: int | None = None, **overrides):
     """The trainer's configuration from the shared run flags (strategy, verbosity, backups, determinism)."""
-    from tf_twobranch.training import trainer
     tcfg = trainer.TrainConfig(epochs=epochs, learning_rate=learning_rate,
                                seed=f.seed if seed is None else seed, strategy=f.strategy,
                                verbose=f.verbose, backup_every_steps=f.backup_every_steps,
@@ -219,7 +217,6 @@ def apply_embedded_profile(f, profile: dict) -> dict:
 
 def slug(text: str) -> str:
     """A file-system friendly name for a table row."""
-    import re
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "run"
 
 

@@ -28,6 +28,7 @@ Example::
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -35,9 +36,20 @@ from typing import Callable, Sequence
 
 import numpy as np
 from absl import app, flags, logging
+from PIL import Image
 
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.embedded import load_embedded_dataset
+from tf_twobranch.data.formats.flickr30k_entities import read_entities_dataset
+from tf_twobranch.data.formats.images import load_image
+from tf_twobranch.data.formats.proposals import read_proposals
+from tf_twobranch.data.layout import PROPOSALS_FILE_NAME, resolve_dataset
+from tf_twobranch.data.phrases import phrase_examples_from_images
+from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+
+# Unlike the training experiments, this module imports no TensorFlow, scikit-learn or
+# matplotlib at start-up (--help takes ~0.5 s, not ~7 s): the functions that need them do.
 
 FLAGS = flags.FLAGS
 
@@ -53,8 +65,11 @@ Scorer = Callable[[bytes, np.ndarray, Sequence[str]], np.ndarray]
 
 def saved_model_scorer(saved_model_dir: str | os.PathLike) -> Scorer:
     """A scorer `(image bytes, inclusive proposals (N, 4), phrases) -> (P, N)` from a region–phrase SavedModel."""
+    # Only the --saved_model path needs TensorFlow (kept out of the module's start-up).
     import tensorflow as tf
-    import tensorflow_text  # noqa: F401 - registers the tokenizer ops used by the SavedModel
+    import tensorflow_text
+
+    del tensorflow_text  # imported only to register the tokenizer ops the SavedModel uses
 
     saved_model_dir = pathlib.Path(saved_model_dir)
     if not (saved_model_dir / "saved_model.pb").is_file():
@@ -83,11 +98,8 @@ def saved_model_scorer(saved_model_dir: str | os.PathLike) -> Scorer:
 def python_scorer(model, backbone_name: str, backbone_weights: str | None, text_encoder_path: str) -> Scorer:
     """A scorer from a trained model (`load_run(...).model`), its backbone and its fitted text
     encoder (the Python path)."""
-    import io
-
-    from PIL import Image
-
-    from tf_twobranch.data.tokenize import tokenize_caption
+    # Only the --run_dir path needs these (TensorFlow, scikit-learn): kept out of the
+    # module's start-up.
     from tf_twobranch.features.backbones import build_backbone
     from tf_twobranch.features.image_features import extract_region_features
     from tf_twobranch.features.text_features import load_text_encoder
@@ -115,6 +127,7 @@ def python_scorer(model, backbone_name: str, backbone_weights: str | None, text_
 
 
 def _draw_boxes(ax, image, boxes_and_colours, title, thicker_first=False):
+    # matplotlib only once a figure is drawn (draw_image_figure selects its Agg backend first).
     import matplotlib.patches as patches
 
     ax.imshow(image, interpolation="nearest")
@@ -156,6 +169,8 @@ def draw_image_figure(image: np.ndarray, captions: list[dict], out_path: str | o
     `captions` items: ``words`` (list of str), ``phrases``: list of dicts with
     ``first_word_index``, ``num_words``, ``pred_box`` (4,), ``gt_boxes`` (k, 4).
     """
+    # matplotlib only once a figure is drawn, not at import or --help; the Agg backend is
+    # selected here, before pyplot is imported.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,12 +224,6 @@ def draw_localization(data_dir, out_dir, scorer: Scorer, *, image_ids: Sequence[
     first `num_images` of ``<data_dir>/<split>.txt``. Only phrases with a
     ground-truth box are drawn (the evaluation protocol).
     """
-    from tf_twobranch.data.formats.flickr30k_entities import read_entities_dataset
-    from tf_twobranch.data.formats.proposals import read_proposals
-    from tf_twobranch.data.layout import PROPOSALS_FILE_NAME, resolve_dataset
-    from tf_twobranch.data.phrases import phrase_examples_from_images
-    from tf_twobranch.data.formats.images import load_image
-
     layout = resolve_dataset(data_dir, images_dir=images_dir, proposals=proposals_path)
     if not image_ids:
         if num_images < 1:
@@ -307,6 +316,7 @@ def _main() -> None:
         if FLAGS.saved_model:
             scorer = saved_model_scorer(FLAGS.saved_model)
         else:
+            # Only the --run_dir path needs load_run (it imports TensorFlow).
             from tf_twobranch.runs import load_run
             run = load_run(FLAGS.run_dir)
             inputs = _run_inputs(run)
@@ -317,7 +327,6 @@ def _main() -> None:
             inputs = _export_inputs(FLAGS.saved_model)
         data_dir = FLAGS.data_dir or inputs["dataset_dir"]
         if data_dir is None:
-            from tf_twobranch.data.embedded import load_embedded_dataset
             data_dir = load_embedded_dataset()
         paths = draw_localization(data_dir, FLAGS.out_dir, scorer, image_ids=FLAGS.image_ids,
                                   num_images=FLAGS.num_images, split=FLAGS.split, images_dir=FLAGS.images_dir,

@@ -17,7 +17,21 @@ import time
 from absl import app, flags, logging
 
 from experiments import common
+from tf_twobranch import distribute
+from tf_twobranch.baselines.cca import CCABaseline
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.embedded import load_embedded_dataset
+from tf_twobranch.data.formats import load_feature_matrix
+from tf_twobranch.data.layout import resolve_dataset
+from tf_twobranch.data.retrieval_data import load_caption_splits, load_precomp_splits
+from tf_twobranch.evaluation import retrieval
+from tf_twobranch.evaluation.split import EvaluationSplit
+from tf_twobranch.export.two_branch import export_saved_model
+from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features, sentence_features
+from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.runs import record_feature_split
+from tf_twobranch.sampling import image_sentence as sampling
+from tf_twobranch.training import trainer
 
 
 # Defaults used when no --dataset_dir is given (the embedded digit scenes),
@@ -86,8 +100,6 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 def dataset_layout(f):
     """The dataset folder (--dataset_dir, else the embedded dataset), resolved once."""
-    from tf_twobranch.data.embedded import load_embedded_dataset
-    from tf_twobranch.data.layout import resolve_dataset
     dataset_dir = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset(with_proposals=False)
     return resolve_dataset(dataset_dir, caption_format=f.caption_format, images_dir=f.images_dir or None)
 
@@ -100,9 +112,6 @@ def load_data(f):
     from its captions with --text_encoder, unless --text_features_{train,test}
     are given. --image_features_{train,test} override the precomp images.
     """
-    from tf_twobranch.data.formats import load_feature_matrix
-    from tf_twobranch.data.retrieval_data import load_caption_splits, load_precomp_splits
-    from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features
     layout = dataset_layout(f)
     dataset_dir = layout.root
     precomp = layout.caption_format == "precomp"
@@ -143,7 +152,6 @@ def load_data(f):
     elif precomp:
         # The precomp layout ships no sentence features: encode its captions
         # (the encoder is fitted on the training captions only).
-        from tf_twobranch.features.prepare import sentence_features
         spec.validate()
         start = time.time()
         text, extras = sentence_features(spec, splits)
@@ -162,7 +170,6 @@ def load_data(f):
 
 
 def build_config(f, image_dim: int, text_dim: int, extras: dict):
-    from tf_twobranch.models.two_branch import TwoBranchConfig
     hidden = () if f.branch == "linear" else (f.hidden_dim,)
     lstm = f.text_encoder == "lstm"
     if f.sample_size < 2 and f.text_neighbour_weight > 0:
@@ -180,8 +187,6 @@ def build_config(f, image_dim: int, text_dim: int, extras: dict):
 
 
 def run_cca(f, splits, image, text) -> dict:
-    from tf_twobranch.baselines.cca import CCABaseline
-    from tf_twobranch.evaluation import retrieval
     train = splits["train"]
     cca = CCABaseline(n_components=f.cca_components, seed=f.seed)
     cca.fit(image["train"][train.caption_image], text["train"])
@@ -192,13 +197,6 @@ def run_cca(f, splits, image, text) -> dict:
 
 def run(f) -> dict:
     """Runs one table row; returns the results record (also written as JSON)."""
-    from tf_twobranch import distribute
-    from tf_twobranch.evaluation import retrieval
-    from tf_twobranch.evaluation.split import EvaluationSplit
-    from tf_twobranch.runs import record_feature_split
-    from tf_twobranch.sampling import image_sentence as sampling
-    from tf_twobranch.training import trainer
-
     start = time.time()
     typed = common.typed_flags(f)  # before the embedded profile fills in defaults
     profile = apply_embedded_profile(f)
@@ -223,7 +221,6 @@ def run(f) -> dict:
                                    learning_rate=f.learning_rate * f.learning_rate_scale,
                                    lr_schedule=f.lr_schedule)
         strategy = common.setup_training(f)
-        from tf_twobranch.models.two_branch import build_model
         with strategy.scope():
             model = build_model(config)
         if f.model == "embedding":
@@ -263,7 +260,6 @@ def run(f) -> dict:
             record["sentence_retrieval"] = model.sentence_retrieval(text["test"],
                                                                     test.caption_image)
         if f.export and common.is_chief():
-            from tf_twobranch.export.two_branch import export_saved_model
             record["export_dir"] = str(export_saved_model(model, run_dir / "export",
                                                           run_config=run_config))
     record["seconds"] = time.time() - start

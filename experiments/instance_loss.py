@@ -19,11 +19,30 @@ from __future__ import annotations
 import pathlib
 import time
 
+import keras
 import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data import dual_path_data
+from tf_twobranch.data.dual_path_data import check_num_classes
+from tf_twobranch.data.embedded import load_embedded_dataset
+from tf_twobranch.data.embedded_pedes import ANNOTATION_NAME, load_embedded_pedes
+from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors, save_word_vectors
+from tf_twobranch.data.layout import resolve_dataset
+from tf_twobranch.data.text_codes import initial_word_matrix
+from tf_twobranch.data.tokenize import tokenize_caption
+from tf_twobranch.evaluation import retrieval, separability
+from tf_twobranch.export.dual_path import export_dual_path
+from tf_twobranch.features.images import load_images_at_size
+from tf_twobranch.features.scene_cnn import save_scene_cnn, train_scene_cnn
+from tf_twobranch.features.word_vectors import train_word_vectors
+from tf_twobranch.models.dual_path import (DualPathConfig, DualPathModel, retrieval_metrics,
+                                           save_dual_path_config)
+from tf_twobranch.runs import record_dual_path_split
+from tf_twobranch.sampling import dual_path as dp
+from tf_twobranch.training import trainer
 
 # The embedded scenes are 96-pixel JPEGs with a ~130-word vocabulary and
 # ambiguous captions. The profile keeps the paper's structure (pretrained
@@ -167,15 +186,11 @@ def dataset_layout(f):
     CUHK-PEDES (--dataset_kind=pedes): --dataset_dir is the folder of
     reid_raw.json or the file itself.
     """
-    from tf_twobranch.data.layout import resolve_dataset
-
     if f.dataset_kind == "pedes":
-        from tf_twobranch.data.embedded_pedes import ANNOTATION_NAME, load_embedded_pedes
         folder = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_pedes()
         source = folder / ANNOTATION_NAME if folder.is_dir() else folder
         return source, resolve_dataset(source.parent, caption_format="cuhk_pedes", captions_path=source,
                                        images_dir=f.images_dir or None)
-    from tf_twobranch.data.embedded import load_embedded_dataset
     source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset(with_proposals=False)
     return source, resolve_dataset(source, caption_format=f.caption_format, images_dir=f.images_dir or None)
 
@@ -183,9 +198,6 @@ def dataset_layout(f):
 def load_data(f, run_dir: pathlib.Path):
     """The dataset as given, its layout, the train and evaluation splits (DualPathData) and the
     word vectors used."""
-    from tf_twobranch.data import dual_path_data
-    from tf_twobranch.data.tokenize import tokenize_caption
-
     check_dataset_dir(f)
     source, layout = dataset_layout(f)
     build = (dual_path_data.dual_path_data_from_pedes if f.dataset_kind == "pedes"
@@ -208,8 +220,6 @@ def load_data(f, run_dir: pathlib.Path):
             # The embedded data has no word2vec file: train the stand-in on the
             # training captions and save it in word2vec format, so the run uses
             # exactly the file-based path a user's GoogleNews file takes.
-            from tf_twobranch.data.formats.word_vectors import WordVectors, save_word_vectors
-            from tf_twobranch.features.word_vectors import train_word_vectors
             first = split("train")
             tokens = [tokenize_caption(c) for c in first.captions]
             path = run_dir / "word_vectors.bin"
@@ -246,12 +256,6 @@ def pretrained_scene_cnn(f, train) -> str:
     ``.keras`` file, then loaded like any local weights file; Stage I freezes
     it and Stage II fine-tunes it.
     """
-    from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.features.images import load_images_at_size
-    from tf_twobranch.features.scene_cnn import save_scene_cnn, train_scene_cnn
-
-    from tf_twobranch.data.embedded import load_embedded_dataset
-
     key = f"dual_path_scene_cnn_{f.dataset_kind}_seed{f.seed}_{train.num_images}"
     path = load_embedded_dataset(with_proposals=False) / "features" / key / "scene_cnn.keras"
     if path.exists():
@@ -270,9 +274,6 @@ def pretrained_scene_cnn(f, train) -> str:
 
 
 def _word_matrix(train, word_vectors, dim, seed):
-    from tf_twobranch.data.text_codes import initial_word_matrix
-    from tf_twobranch.data.formats.word_vectors import load_word_vectors
-
     if word_vectors is None:
         return None
     vectors = load_word_vectors(word_vectors, vocabulary=set(train.vocabulary))
@@ -295,9 +296,6 @@ def _text_blocks(values):
 
 
 def build_config(f, train):
-    from tf_twobranch.data.dual_path_data import check_num_classes
-    from tf_twobranch.models.dual_path import DualPathConfig
-
     num_classes = f.num_classes or train.num_classes
     check_num_classes(train, num_classes)
     return DualPathConfig(
@@ -332,7 +330,6 @@ def _initial_weights(model, path: str, num_classes: int) -> str:
 
 def evaluation_split(f, evaluation):
     """The evaluation split as the model's `evaluate` takes it (recorded for `load_run`)."""
-    from tf_twobranch.sampling import dual_path as dp
     return dp.test_split(evaluation, resize_to=f.resize_to, crop_size=f.image_size,
                          text_shift=f.test_text_shift, protocol=f.protocol,
                          by_identity=f.dataset_kind == "pedes")
@@ -340,9 +337,6 @@ def evaluation_split(f, evaluation):
 
 def evaluate(f, model, split, evaluation, out_dir: pathlib.Path, title: str) -> dict:
     """Retrieval metrics (what `model.evaluate(split)` returns) + separability S and its histogram PNG."""
-    from tf_twobranch.evaluation import separability
-    from tf_twobranch.models.dual_path import retrieval_metrics
-
     image_embeds, text_embeds = model.retrieval_embeddings(split)
     metrics = retrieval_metrics(split, image_embeds, text_embeds)
     positives, negatives = separability.pair_similarities(image_embeds, text_embeds,
@@ -359,7 +353,6 @@ def evaluate(f, model, split, evaluation, out_dir: pathlib.Path, title: str) -> 
 
 def _random_baseline(f, evaluation) -> dict:
     """Random embeddings ranked by the same core and protocol: the chance level."""
-    from tf_twobranch.evaluation import retrieval
     if f.dataset_kind != "pedes":
         return retrieval.random_baseline_metrics(evaluation.num_images, evaluation.caption_image,
                                                  protocol=f.protocol, seed=f.seed)
@@ -373,13 +366,6 @@ def _random_baseline(f, evaluation) -> dict:
 
 def run(f) -> dict:
     """Runs one table row; returns the results record (also written as JSON)."""
-    import keras
-
-    from tf_twobranch.models.dual_path import DualPathModel, save_dual_path_config
-    from tf_twobranch.runs import record_dual_path_split
-    from tf_twobranch.sampling import dual_path as dp
-    from tf_twobranch.training import trainer
-
     start = time.time()
     typed = common.typed_flags(f)  # before the profile and the backbone stand-in change values
     check_dataset_dir(f)
@@ -469,7 +455,6 @@ def run(f) -> dict:
             "run_dir": str(stage_dir)})
     record["metrics"] = record["stages"][-1]["metrics"] if record["stages"] else {}
     if f.export and record["stages"] and common.is_chief():
-        from tf_twobranch.export.dual_path import export_dual_path
         record["export_dir"] = str(export_dual_path(
             model, train.vocabulary, run_dir / "export", resize_to=f.resize_to,
             run_config={"model": config.to_dict(), **common.flag_record(f, typed)}))

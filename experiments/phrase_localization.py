@@ -22,6 +22,7 @@ bound and a per-type breakdown.
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 import time
@@ -30,7 +31,20 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
+from tf_twobranch import distribute, json_files
+from tf_twobranch.baselines.cca import CCABaseline
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.embedded import load_embedded_dataset
+from tf_twobranch.data.layout import resolve_dataset
+from tf_twobranch.evaluation.phrase_localization import (evaluate_phrase_localization,
+                                                         random_localization_metrics)
+from tf_twobranch.export.localization import export_phrase_localization_run
+from tf_twobranch.features.prepare_regions import (RegionFeatureSpec, phrase_localization_inputs,
+                                                   prepare_phrase_localization)
+from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.sampling import phrase_localization as sampling
+from tf_twobranch.training import trainer
+from tf_twobranch.vectors import l2_normalize_rows
 
 SIMILARITY_HEADS = {1: (), 2: (512,), 3: (512, 256)}   # FC layers after the element-wise product
 TABLE_COLUMNS = ("linear", "non-linear", "single pos.", "augm. pos.", "single-dir.", "bi-dir.",
@@ -107,7 +121,6 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def feature_spec(f):
-    from tf_twobranch.features.prepare_regions import RegionFeatureSpec
     max_images = {s: n for s, n in (("train", f.max_train_images), ("test", f.max_test_images)) if n}
     return RegionFeatureSpec(image_backbone=f.image_backbone, backbone_weights=f.backbone_weights or None,
                              scene_cnn_epochs=f.scene_cnn_epochs, proposals=f.proposals or None,
@@ -120,8 +133,6 @@ def feature_spec(f):
 def dataset_layout(f, dataset_dir=None):
     """The dataset folder (`dataset_dir`, else --dataset_dir, else the embedded dataset with its
     proposals), resolved once with --images_dir and --proposals."""
-    from tf_twobranch.data.embedded import load_embedded_dataset
-    from tf_twobranch.data.layout import resolve_dataset
     dataset_dir = dataset_dir or f.dataset_dir
     dataset_dir = pathlib.Path(dataset_dir) if dataset_dir else load_embedded_dataset()
     if not dataset_dir.is_dir():
@@ -131,7 +142,6 @@ def dataset_layout(f, dataset_dir=None):
 
 def load_data(f):
     """(the dataset layout, {"train": PhraseLocalizationData, "test": ...})."""
-    from tf_twobranch.features.prepare_regions import prepare_phrase_localization
     layout = dataset_layout(f)
     cache = pathlib.Path(f.features_cache) if f.features_cache else layout.root / "features"
     return layout, prepare_phrase_localization(layout, cache, feature_spec(f), ("train", "test"))
@@ -152,14 +162,11 @@ def table_marks(f) -> dict:
 
 def _distributed(strategy, sampler, data):
     """Each replica embeds its block of every global Algorithm 1 batch."""
-    from tf_twobranch import distribute
-    from tf_twobranch.sampling.phrase_localization import attach_phrase_features
     return distribute.distributed_stream(
-        strategy, sampler.dataset, lambda ds: attach_phrase_features(ds, data))
+        strategy, sampler.dataset, lambda ds: sampling.attach_phrase_features(ds, data))
 
 
 def build_config(f, image_dim: int, text_dim: int, constraints: bool = False):
-    from tf_twobranch.models.two_branch import TwoBranchConfig
     hidden = () if f.branch == "linear" else (f.hidden_dim,)
     return TwoBranchConfig(
         kind=f.model, image_dim=image_dim, text_dim=text_dim, image_hidden=hidden, text_hidden=hidden,
@@ -199,30 +206,24 @@ def _positive_pairs(data):
 
 
 def _sampler(f, data, seed, hard_negatives=None):
-    from tf_twobranch.sampling import phrase_localization as pl
     if f.model == "embedding":
-        return pl.PhraseTripletSampler(
+        return sampling.PhraseTripletSampler(
             data, batch_size=min(f.batch_size, data.num_phrases), augment_positives=f.augment_positives,
             neighbourhood_sampling=f.neighbourhood_sampling,
             negatives_per_phrase=f.negatives_per_phrase or None, hard_negatives=hard_negatives,
             max_hard_negatives=f.max_hard_negatives, seed=seed)
-    return pl.PhrasePairSampler(data, batch_size=min(f.batch_size, data.num_phrases),
+    return sampling.PhrasePairSampler(data, batch_size=min(f.batch_size, data.num_phrases),
                                 augment_positives=f.augment_positives,
                                 max_positives_per_phrase=f.max_positives_per_phrase or None, seed=seed)
 
 
 def _set_loss(model, **weights) -> None:
-    import dataclasses
     model.config = dataclasses.replace(model.config, **weights)
     model.train_function = None   # retrace: the loss weights are read when the step is traced
 
 
 def train_model(f, data, run_dir: pathlib.Path, typed: dict | None = None) -> tuple[object, dict]:
     """Trains the embedding/similarity network on the training split; returns (model, info)."""
-    from tf_twobranch import json_files
-    from tf_twobranch.models.two_branch import build_model
-    from tf_twobranch.sampling import phrase_localization as pl
-    from tf_twobranch.training import trainer
     config = build_config(f, data.region_features.shape[1], data.phrase_features.shape[1])
     tcfg = common.train_config(f, epochs=f.epochs, learning_rate=f.learning_rate)
     strategy = common.setup_training(f)
@@ -251,10 +252,9 @@ def train_model(f, data, run_dir: pathlib.Path, typed: dict | None = None) -> tu
         info["stages"].append({"name": "neighbourhood_constraints", "epochs": f.constraint_epochs,
                                "loss": history.history["loss"]})
     if f.model == "embedding" and f.hard_negative_epochs:
-        from tf_twobranch.vectors import l2_normalize_rows
         regions = l2_normalize_rows(model.embed_images(np.asarray(data.region_features)))
         phrases = l2_normalize_rows(model.embed_texts(np.asarray(data.phrase_features)))
-        hard = pl.mine_hard_negatives(data, regions, phrases, max_per_phrase=f.max_hard_negatives)
+        hard = sampling.mine_hard_negatives(data, regions, phrases, max_per_phrase=f.max_hard_negatives)
         _set_loss(model, image_neighbour_weight=0.0, text_neighbour_weight=0.0)
         sampler = _sampler(f, data, f.seed + 2, hard_negatives=hard)
         history = trainer.train(model, _distributed(strategy, sampler, data), tcfg, run_dir,
@@ -274,8 +274,6 @@ def train_model(f, data, run_dir: pathlib.Path, typed: dict | None = None) -> tu
 
 def run(f) -> dict:
     """Runs one Table 1 row; returns the results record (also written as JSON)."""
-    from tf_twobranch.evaluation.phrase_localization import (evaluate_phrase_localization,
-                                                             random_localization_metrics)
     start = time.time()
     typed = common.typed_flags(f)  # before the embedded profile fills in defaults
     profile = apply_embedded_profile(f)
@@ -293,7 +291,6 @@ def run(f) -> dict:
               "proposals_per_image": float(np.mean(test.num_proposals)),
               "random_baseline": random_localization_metrics(test, seed=f.seed)}
     if f.model == "cca":
-        from tf_twobranch.baselines.cca import CCABaseline
         regions, rows = _positive_pairs(train)
         cca = CCABaseline(n_components=min(f.cca_components, train.region_features.shape[1],
                                            train.phrase_features.shape[1]), seed=f.seed)
@@ -304,13 +301,11 @@ def run(f) -> dict:
         record.update({k: v for k, v in info.items() if k != "run_config"})
         record["metrics"] = evaluate_phrase_localization(model, test)
         # Everything experiments.draw_localization needs besides --run_dir.
-        from tf_twobranch.features.prepare_regions import phrase_localization_inputs
         cache = pathlib.Path(f.features_cache) if f.features_cache else layout.root / "features"
         record["inputs"] = phrase_localization_inputs(layout, cache, feature_spec(f))
         if f.export and common.is_chief():
             # The end-to-end export (JPEG + proposals + phrases -> scores): what
             # draw_localization --saved_model and TF Serving take.
-            from tf_twobranch.export.localization import export_phrase_localization_run
             record["export_dir"] = str(export_phrase_localization_run(
                 model, record["inputs"], run_dir / "export",
                 run_config={**info["run_config"], "inputs": record["inputs"]}))

@@ -15,22 +15,14 @@ import pathlib
 import sys
 import time
 
+import numpy as np
 from absl import app, flags
 
 from experiments import common
 from experiments import image_sentence_retrieval as isr
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.embedded import default_dataset_dir
 
-flags.DEFINE_enum("table", "2", ["2", "3"], "2: Flickr30K rows; 3: MSCOCO 1K rows.")
-flags.DEFINE_list("rows", [], "Row flagfiles (names in experiments/configs or paths), or "
-                  "'all' for every table<N>_*.cfg; default: the main rows (CCA, linear and "
-                  "nonlinear bi-directional, neighbourhood sampling, + constraints, similarity "
-                  "network) — the LSTM and single-directional rows need --rows=all.")
-flags.DEFINE_string("export_row", "b6", "Row whose model is exported (substring of its "
-                    "flagfile name); empty: none.")
-flags.DEFINE_string("out_json", "", "Results of all rows (default <runs_dir>/table<N>.json).")
-flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (default runs/ in the "
-                    "repository).")
 FLAGS = flags.FLAGS
 # The rows the default run trains (each under ~1 minute on the embedded data).
 MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
@@ -43,9 +35,23 @@ REFERENCE_SECONDS = {"dataset": 25, "features": 470, "_a1_": 15, "_b2_": 48, "_b
                      "_b5_": 237, "_b6_": 267, "_d_": 630, "row": 200}
 
 
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    """The runner's own flags; every other flag goes to the rows (see `_row_overrides`)."""
+    d = dict(flag_values=fv)
+    flags.DEFINE_enum("table", "2", ["2", "3"], "2: Flickr30K rows; 3: MSCOCO 1K rows.", **d)
+    flags.DEFINE_list("rows", [], "Row flagfiles (names in experiments/configs or paths), or "
+                      "'all' for every table<N>_*.cfg; default: the main rows (CCA, linear and "
+                      "nonlinear bi-directional, neighbourhood sampling, + constraints, similarity "
+                      "network) — the LSTM and single-directional rows need --rows=all.", **d)
+    flags.DEFINE_string("export_row", "b6", "Row whose model is exported (substring of its "
+                        "flagfile name); empty: none.", **d)
+    flags.DEFINE_string("out_json", "", "Results of all rows (default <runs_dir>/table<N>.json).", **d)
+    flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (default runs/ in "
+                        "the repository).", **d)
+
+
 def _matmul_gflops() -> float:
     """A quick (~0.1 s) float32 matmul probe of this machine's speed."""
-    import numpy as np
     a = np.random.default_rng(0).standard_normal((512, 512), dtype=np.float32)
     a @ a
     start = time.perf_counter()
@@ -68,7 +74,6 @@ def _print_estimate(configs, overrides) -> None:
     if any(_flag_name(o) == "dataset_dir" for o in overrides):
         print(f"Estimated time: depends on your dataset's size ({len(configs)} rows).", flush=True)
         return
-    from tf_twobranch.data.embedded import default_dataset_dir
     dataset = default_dataset_dir()
     dataset_ready = (dataset / "MANIFEST.json").exists()
     features_ready = dataset_ready and any((dataset / "features").glob("image_scene_cnn_*"))
@@ -142,5 +147,6 @@ def _absl_argv(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    define_flags()
     # Row flags are parsed per row (see _row_overrides); absl sees only its own.
     app.run(main, argv=_absl_argv(sys.argv), flags_parser=parse_flags)

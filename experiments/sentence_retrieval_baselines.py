@@ -24,32 +24,44 @@ import os
 import pathlib
 import time
 
-from tf_twobranch.cli import absl_main, parse_flags
 from absl import app, flags
 
+from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
+from tf_twobranch.data.formats.word_vectors import load_word_vectors
+from tf_twobranch.data.layout import resolve_dataset
+from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, UserInputError
 
 _REALDATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "realdata"
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("captions", str(_REALDATA / "flickr30k" / "captions_multi30k.token"),
-                    "Caption file in the Flickr30K token layout.")
-flags.DEFINE_string("train_split", str(_REALDATA / "flickr30k_entities" / "train.txt"),
-                    "Training image ids (encoders are fitted on their captions).")
-flags.DEFINE_string("test_split", str(_REALDATA / "flickr30k_entities" / "test.txt"), "Test image ids.")
-flags.DEFINE_list("encoders", ["tfidf", "mean_vector", "fisher_hglmm"],
-                  "Text encoders to evaluate (tfidf, mean_vector, fisher_hglmm, fisher_gmm).")
-flags.DEFINE_string("word_vectors", None, "Optional local word2vec/GloVe file; default: PPMI-SVD vectors "
-                    "trained on the training captions.")
-flags.DEFINE_integer("word_vector_dim", 300, "Dimension of the trained word vectors.")
-flags.DEFINE_integer("num_components", 30, "Fisher vector mixture components (papers: 30).")
-flags.DEFINE_integer("max_fit_words", 20_000, "Distinct training words used to fit the mixture.")
-flags.DEFINE_bool("ica", False, "FastICA on the word vectors before the Fisher-vector mixture, as in the papers "
-                  "(about +3 R@1 for fisher_hglmm, but adds minutes on 2 cores).")
-flags.DEFINE_integer("pca_dim", None, "Optional PCA of the Fisher vectors (papers: 6000; slow). Default: none.")
-flags.DEFINE_integer("tfidf_max_features", 3000, "tf-idf dictionary size (papers: 3000 on Flickr30K).")
-flags.DEFINE_integer("seed", 0, "Seed of every random choice.")
-flags.DEFINE_string("out_json", None, "Where to write the results (JSON).")
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    flags.DEFINE_string("captions", str(_REALDATA / "flickr30k" / "captions_multi30k.token"),
+                        "Caption file in the Flickr30K token layout.", **d)
+    flags.DEFINE_string("train_split", str(_REALDATA / "flickr30k_entities" / "train.txt"),
+                        "Training image ids (encoders are fitted on their captions).", **d)
+    flags.DEFINE_string("test_split", str(_REALDATA / "flickr30k_entities" / "test.txt"),
+                        "Test image ids.", **d)
+    flags.DEFINE_list("encoders", ["tfidf", "mean_vector", "fisher_hglmm"],
+                      "Text encoders to evaluate (tfidf, mean_vector, fisher_hglmm, fisher_gmm).", **d)
+    flags.DEFINE_string("word_vectors", None, "Optional local word2vec/GloVe file; default: PPMI-SVD "
+                        "vectors trained on the training captions.", **d)
+    flags.DEFINE_integer("word_vector_dim", 300, "Dimension of the trained word vectors.", **d)
+    flags.DEFINE_integer("num_components", 30, "Fisher vector mixture components (papers: 30).", **d)
+    flags.DEFINE_integer("max_fit_words", 20_000, "Distinct training words used to fit the mixture.", **d)
+    flags.DEFINE_bool("ica", False, "FastICA on the word vectors before the Fisher-vector mixture, as in "
+                      "the papers (about +3 R@1 for fisher_hglmm, but adds minutes on 2 cores).", **d)
+    flags.DEFINE_integer("pca_dim", None, "Optional PCA of the Fisher vectors (papers: 6000; slow). "
+                         "Default: none.", **d)
+    flags.DEFINE_integer("tfidf_max_features", 3000, "tf-idf dictionary size (papers: 3000 on Flickr30K).",
+                         **d)
+    flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
+    flags.DEFINE_string("out_json", None, "Where to write the results (JSON).", **d)
+
 
 logger = logging.getLogger("sentence_retrieval_baselines")
 
@@ -67,12 +79,10 @@ def _load_split(corpus, layout, split: str):
 
 def run() -> dict:
     """Fits every encoder on the training captions and evaluates Table 4 on the test captions."""
-    from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
-    from tf_twobranch.data.layout import resolve_dataset
-    from tf_twobranch.data.tokenize import tokenize_caption
+    # These pull in TensorFlow (the retrieval core) and scikit-learn: only when the tool runs,
+    # so --help starts fast (this module imports neither at start-up).
     from tf_twobranch.evaluation.retrieval import sentence_retrieval_metrics
     from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
-    from tf_twobranch.data.formats.word_vectors import load_word_vectors
     from tf_twobranch.features.word_vectors import train_word_vectors
 
     for name in FLAGS.encoders:
@@ -169,4 +179,5 @@ main = absl_main(run)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=parse_flags)

@@ -226,16 +226,19 @@ def test_entity_region_crops_and_region_supervision(tmp_path):
 
 
 def run_cli(argv):
+    from unittest import mock
+
     from absl import flags
 
     from tf_twobranch.tools import extract_image_features as cli
 
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["extract_image_features"] + argv)
-    try:
+    # The tool defines its flags only when run as a script: parse them into a fresh
+    # FlagValues and let run() read that one instead of the global FLAGS.
+    fv = flags.FlagValues()
+    cli.define_flags(fv)
+    fv(["extract_image_features"] + argv)
+    with mock.patch.object(cli, "FLAGS", fv):
         cli.run()
-    finally:
-        flags.FLAGS.unparse_flags()
 
 
 def test_cli_writes_features_in_split_order(tmp_path):

@@ -225,13 +225,13 @@ def test_region_backbone_scene_cnn_on_real_images(dataset, tmp_path):
 def test_dual_path_scene_cnn_pretraining_on_real_images(dataset, tmp_path, monkeypatch):
     import tensorflow as tf
 
-    import tf_twobranch.data.embedded as embedded
     from experiments import instance_loss
     from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
     from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.features.backbones import build_backbone
     from tf_twobranch.sampling import dual_path as dp
-    monkeypatch.setattr(embedded, "load_embedded_dataset", lambda *a, **k: tmp_path)  # cache outside the package
+    # The name instance_loss imported: the cache goes outside the package.
+    monkeypatch.setattr(instance_loss, "load_embedded_dataset", lambda *a, **k: tmp_path)
     train = dual_path_data_from_retrieval(resolve_dataset(dataset), split="train")
     flags_like = types.SimpleNamespace(dataset_kind="retrieval", seed=0, image_size=48)
     path = instance_loss.pretrained_scene_cnn(flags_like, train)

@@ -26,23 +26,27 @@ from tf_twobranch.errors import ConfigError, DataFormatError
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("images_dir", None, "Directory holding the images (<id><extension>).")
-flags.DEFINE_string("image_ids", None, "Split file, one image id per line (extensions are stripped). "
-                    "Default: every file with --image_extension in --images_dir, sorted by name.")
-flags.DEFINE_string("image_extension", ".jpg", "Extension appended to each image id.")
-flags.DEFINE_enum("backbone", "vgg19", ["vgg19", "vgg16", "resnet50", "resnet152", "scene_cnn"],
-                  "CNN: vgg19/vgg16 give fc7 (4096-d), resnet50/resnet152 pooled 2048-d, scene_cnn a "
-                  "model trained by tf_twobranch.features.scene_cnn.")
-flags.DEFINE_string("weights", None, "Local weights file: the Keras ImageNet .h5 file for vgg/resnet "
-                    "(e.g. vgg19_weights_tf_dim_ordering_tf_kernels.h5), or the saved scene_cnn .keras file.")
-flags.DEFINE_integer("input_size", None, "Backbone input side (default 224; scene_cnn: its training size).")
-flags.DEFINE_bool("ten_crop", True, "Average the ten crops (corners, centre, mirrors); otherwise encode the "
-                  "whole image resized to the input size.")
-flags.DEFINE_integer("crop_size", None, "Ten-crop side (default: the backbone input size).")
-flags.DEFINE_integer("resize_to", None, "Side images are resized to before ten-cropping (default crop_size*256/224).")
-flags.DEFINE_integer("batch_size", 32, "Images per backbone call.")
-flags.DEFINE_string("out", None, "Output file: .npy, .npz, .mat or .h5/.hdf5 (array key --out_key).")
-flags.DEFINE_string("out_key", "image_features", "Array name inside .npz/.mat/.h5 outputs.")
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    flags.DEFINE_string("images_dir", None, "Directory holding the images (<id><extension>).", **d)
+    flags.DEFINE_string("image_ids", None, "Split file, one image id per line (extensions are stripped). "
+                        "Default: every file with --image_extension in --images_dir, sorted by name.", **d)
+    flags.DEFINE_string("image_extension", ".jpg", "Extension appended to each image id.", **d)
+    flags.DEFINE_enum("backbone", "vgg19", ["vgg19", "vgg16", "resnet50", "resnet152", "scene_cnn"],
+                      "CNN: vgg19/vgg16 give fc7 (4096-d), resnet50/resnet152 pooled 2048-d, scene_cnn a "
+                      "model trained by tf_twobranch.features.scene_cnn.", **d)
+    flags.DEFINE_string("weights", None, "Local weights file: the Keras ImageNet .h5 file for vgg/resnet "
+                        "(e.g. vgg19_weights_tf_dim_ordering_tf_kernels.h5), or the saved scene_cnn .keras file.", **d)
+    flags.DEFINE_integer("input_size", None, "Backbone input side (default 224; scene_cnn: its training size).", **d)
+    flags.DEFINE_bool("ten_crop", True, "Average the ten crops (corners, centre, mirrors); otherwise encode the "
+                      "whole image resized to the input size.", **d)
+    flags.DEFINE_integer("crop_size", None, "Ten-crop side (default: the backbone input size).", **d)
+    flags.DEFINE_integer("resize_to", None, "Side images are resized to before ten-cropping "
+                         "(default crop_size*256/224).", **d)
+    flags.DEFINE_integer("batch_size", 32, "Images per backbone call.", **d)
+    flags.DEFINE_string("out", None, "Output file: .npy, .npz, .mat or .h5/.hdf5 (array key --out_key).", **d)
+    flags.DEFINE_string("out_key", "image_features", "Array name inside .npz/.mat/.h5 outputs.", **d)
+
 
 _OUTPUT_SUFFIXES = (".npy", ".npz", ".mat", ".h5", ".hdf5")
 
@@ -102,4 +106,5 @@ main = absl_main(run)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -42,25 +42,32 @@ from tf_twobranch.errors import ConfigError, UserInputError
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("captions", None, "Caption file in the Flickr30K token layout (<id>.jpg#<k>\\t<caption>).")
-flags.DEFINE_string("train_split", None, "Split file of training image ids; the encoder is fitted on their captions.")
-flags.DEFINE_list("splits", [], "Comma-separated split files to extract features for (the training split is "
-                  "included automatically unless --noextract_train).")
-flags.DEFINE_bool("extract_train", True, "Also write features for the training split.")
-flags.DEFINE_string("encoder", "fisher_hglmm", "One of fisher_hglmm, fisher_gmm, mean_vector, tfidf.")
-flags.DEFINE_string("word_vectors", None, "Local word2vec (binary/text) or GloVe file. When absent, "
-                    "count-based (PPMI-SVD) vectors are trained on the training captions.")
-flags.DEFINE_integer("word_vector_dim", 300, "Dimension of word vectors trained when --word_vectors is absent.")
-flags.DEFINE_integer("pca_dim", None, "Fisher vectors only: PCA output size (papers: 6000). Default: no PCA.")
-flags.DEFINE_integer("num_components", 30, "Fisher vectors only: mixture components.")
-flags.DEFINE_integer("max_fit_words", 100_000, "Fisher vectors only: at most this many distinct words fit the mixture.")
-flags.DEFINE_integer("pca_max_sentences", 20_000, "Fisher vectors only: sentences used to fit PCA.")
-flags.DEFINE_bool("ica", False, "Fisher vectors only: FastICA on the word vectors before the mixture (slow).")
-flags.DEFINE_integer("tfidf_max_features", 3000, "tf-idf only: dictionary size (papers: 3000 Flickr30K, 5600 MSCOCO).")
-flags.DEFINE_bool("skip_missing_images", True, "Skip (and count) split images that have no captions in --captions "
-                  "instead of failing.")
-flags.DEFINE_integer("seed", 0, "Seed of every random choice.")
-flags.DEFINE_string("out_dir", None, "Output directory (created if needed).")
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    flags.DEFINE_string("captions", None, "Caption file in the Flickr30K token layout (<id>.jpg#<k>\\t<caption>).", **d)
+    flags.DEFINE_string("train_split", None, "Split file of training image ids; the encoder is fitted on "
+                        "their captions.", **d)
+    flags.DEFINE_list("splits", [], "Comma-separated split files to extract features for (the training split is "
+                      "included automatically unless --noextract_train).", **d)
+    flags.DEFINE_bool("extract_train", True, "Also write features for the training split.", **d)
+    flags.DEFINE_string("encoder", "fisher_hglmm", "One of fisher_hglmm, fisher_gmm, mean_vector, tfidf.", **d)
+    flags.DEFINE_string("word_vectors", None, "Local word2vec (binary/text) or GloVe file. When absent, "
+                        "count-based (PPMI-SVD) vectors are trained on the training captions.", **d)
+    flags.DEFINE_integer("word_vector_dim", 300, "Dimension of word vectors trained when --word_vectors is "
+                         "absent.", **d)
+    flags.DEFINE_integer("pca_dim", None, "Fisher vectors only: PCA output size (papers: 6000). Default: no PCA.", **d)
+    flags.DEFINE_integer("num_components", 30, "Fisher vectors only: mixture components.", **d)
+    flags.DEFINE_integer("max_fit_words", 100_000, "Fisher vectors only: at most this many distinct words fit "
+                         "the mixture.", **d)
+    flags.DEFINE_integer("pca_max_sentences", 20_000, "Fisher vectors only: sentences used to fit PCA.", **d)
+    flags.DEFINE_bool("ica", False, "Fisher vectors only: FastICA on the word vectors before the mixture (slow).", **d)
+    flags.DEFINE_integer("tfidf_max_features", 3000, "tf-idf only: dictionary size (papers: 3000 Flickr30K, "
+                         "5600 MSCOCO).", **d)
+    flags.DEFINE_bool("skip_missing_images", True, "Skip (and count) split images that have no captions in --captions "
+                      "instead of failing.", **d)
+    flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
+    flags.DEFINE_string("out_dir", None, "Output directory (created if needed).", **d)
+
 
 logger = logging.getLogger("extract_text_features")
 
@@ -204,4 +211,5 @@ main = absl_main(_run_with_logging)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -40,16 +40,18 @@ TEXT_DIM = 12
 BATCH_SIZE = 16
 WEIGHTS_FILE = "final_weights.npz"
 
-flags.DEFINE_string("run_dir", None, "Run directory of one training run.")
-flags.DEFINE_integer("epochs", 3, "Epochs.")
-flags.DEFINE_integer("steps_per_epoch", 8, "Steps per epoch.")
-flags.DEFINE_integer("backup_every_steps", 2, "Mid-epoch backup interval (0: epoch ends).")
-flags.DEFINE_integer("seed", 0, "Seed of the features, the initial weights and the batches.")
-flags.DEFINE_float("learning_rate", 1e-2, "Adam learning rate.")
-flags.DEFINE_float("step_delay", 0.0,
-                   "Seconds to sleep after each step (gives a killer time to strike mid-epoch).")
-flags.DEFINE_bool("self_test", False, "Run, kill, resume and compare in --work_dir.")
-flags.DEFINE_string("work_dir", None, "Work directory of --self_test.")
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    flags.DEFINE_string("run_dir", None, "Run directory of one training run.", **d)
+    flags.DEFINE_integer("epochs", 3, "Epochs.", **d)
+    flags.DEFINE_integer("steps_per_epoch", 8, "Steps per epoch.", **d)
+    flags.DEFINE_integer("backup_every_steps", 2, "Mid-epoch backup interval (0: epoch ends).", **d)
+    flags.DEFINE_integer("seed", 0, "Seed of the features, the initial weights and the batches.", **d)
+    flags.DEFINE_float("learning_rate", 1e-2, "Adam learning rate.", **d)
+    flags.DEFINE_float("step_delay", 0.0,
+                       "Seconds to sleep after each step (gives a killer time to strike mid-epoch).", **d)
+    flags.DEFINE_bool("self_test", False, "Run, kill, resume and compare in --work_dir.", **d)
+    flags.DEFINE_string("work_dir", None, "Work directory of --self_test.", **d)
 
 
 def synthetic_features(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -209,4 +211,5 @@ def _run() -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(absl_main(_run))
