@@ -141,9 +141,15 @@ def _main() -> None:
 main = absl_main(_main)
 
 
+# absl defines its help flags inside app.run, after this filter runs.
+HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "?")
+
+
 def _absl_argv(argv: list[str]) -> list[str]:
-    """The runner's own flags and every positional argument (rejected as stray by absl_main)."""
-    return [argv[0]] + [a for a in argv[1:] if not a.startswith("-") or _flag_name(a) in FLAGS]
+    """The runner's own flags, the help flags and every positional argument (rejected as
+    stray by absl_main)."""
+    return [argv[0]] + [a for a in argv[1:] if not a.startswith("-") or _flag_name(a) in FLAGS
+                        or _flag_name(a) in HELP_FLAGS]
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def _check(image_fragments, image_mask, sentence_fragments, row_splits):
 def fragment_score_fn(image_fragments, image_mask, sentence_fragments, row_splits, *,
                       images: np.ndarray | None = None, sentences: np.ndarray | None = None,
                       smoothing: float = 5.0, normaliser: str = "paper",
-                      sentence_chunk: int = 128, image_chunk: int = 1000):
+                      sentence_chunk: int = 128, image_chunk: int = 250):
     """A `score_fn(start, stop)` (the evaluation core's scorer) of S_kl.
 
     Args:

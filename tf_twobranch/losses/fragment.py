@@ -90,12 +90,14 @@ def global_scores_from_fragment_scores(scores, image_mask, sentence_mask, *, smo
     """S (Bi, Bs) of eq. 6 from the fragment scores (see the module docstring)."""
     if normaliser not in NORMALISERS:
         raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
-    valid, _ = _pair_masks(image_mask, sentence_mask)
-    total = tf.reduce_sum(tf.where(valid, tf.nn.relu(scores), tf.zeros_like(scores)), axis=[1, 3])
-    sentence_sizes = tf.reduce_sum(tf.cast(sentence_mask, scores.dtype), axis=1)
+    image_weight = tf.cast(image_mask, scores.dtype)
+    sentence_weight = tf.cast(sentence_mask, scores.dtype)
+    # Masks as weights of one contraction: no second (Bi, M, Bs, F) temporary.
+    total = tf.einsum("kmlf,km,lf->kl", tf.nn.relu(scores), image_weight, sentence_weight)
+    sentence_sizes = tf.reduce_sum(sentence_weight, axis=1)
     denominator = (sentence_sizes + smoothing)[None, :]
     if normaliser == "paper":
-        image_sizes = tf.reduce_sum(tf.cast(image_mask, scores.dtype), axis=1)
+        image_sizes = tf.reduce_sum(image_weight, axis=1)
         denominator = tf.maximum(image_sizes, 1.0)[:, None] * denominator
     return total / denominator
 
