@@ -44,6 +44,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from tensorflow.core.framework import tensor_pb2
 
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.image_decoding import describe_image_formats, tf_decode_image, tf_is_image_bytes
@@ -282,8 +284,6 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
 @functools.lru_cache(maxsize=1)
 def _prediction_log_classes():
     """(PredictionLog, TensorProto) message classes of a private descriptor pool."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-    from tensorflow.core.framework import tensor_pb2
 
     pool = descriptor_pool.DescriptorPool()
     added = set()
@@ -409,7 +409,6 @@ def read_warmup_requests(path) -> list[tuple[str, dict[str, np.ndarray]]]:
       DataFormatError: the file is missing or a record is not a
         ``PredictionLog`` with a predict request.
     """
-    from tensorflow.core.framework import tensor_pb2
 
     path = pathlib.Path(path)
     if path.is_dir():

@@ -39,6 +39,9 @@ import tensorflow as tf
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import serving
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
+from tf_twobranch.features.backbones import backbone_input_size
+from tf_twobranch.features.text_features import TextEncoder
+from tf_twobranch.features.tf_text_features import text_feature_layer_from_encoder
 from tf_twobranch.models.text_towers import build_string_text_tower
 from tf_twobranch.models.two_branch import TwoBranchModel
 
@@ -71,7 +74,6 @@ class TwoBranchServingModule(TowerServingModule):
         self.image_tower = model.image_tower
         self.image_backbone = image_backbone
         if image_backbone is not None:
-            from tf_twobranch.features.backbones import backbone_input_size
             self.image_size = int(image_size or backbone_input_size(image_backbone))
             self.image_input = "image_jpeg"
             image_spec = serving.jpeg_batch_spec(self.image_input)
@@ -182,8 +184,6 @@ def export_saved_model(model: TwoBranchModel, export_dir, *, text_encoder=None,
     cfg = model.config
     text_layer = None
     if text_encoder is not None:
-        from tf_twobranch.features.text_features import TextEncoder
-        from tf_twobranch.features.tf_text_features import text_feature_layer_from_encoder
         text_layer = (text_feature_layer_from_encoder(text_encoder) if isinstance(text_encoder, TextEncoder)
                       else text_encoder)
         if not hasattr(text_layer, "output_dim"):
