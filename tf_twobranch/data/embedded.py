@@ -23,6 +23,7 @@ package's own writers, so every reader and experiment code path has data:
 ``Annotations/<id>.xml``        Flickr30K Entities boxes
 ``proposals.h5``                region proposals (EdgeBoxes-lite)
 ``scenes.json``                 ground-truth scene graphs (for analysis)
+``captions.conllu``             dependency parses of the captions (CoNLL-U, from the grammar)
 ``README.txt``                  content and license
 ``MANIFEST.json``               generation parameters + format version
 ==============================  ==============================================
@@ -52,6 +53,7 @@ import numpy as np
 from PIL import Image
 
 from tf_twobranch.data import scene_grammar as grammar
+from tf_twobranch.data.embedded_parses import write_embedded_parses
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats.coco_captions import write_coco_captions
 from tf_twobranch.data.formats.flickr30k_entities import (EntitySentence, ImageAnnotation, Phrase,
@@ -468,6 +470,10 @@ def _write_dataset(directory: pathlib.Path, parameters: dict) -> dict:
         corpora_by_split[split] = split_corpus
         write_coco_captions(directory / "annotations" / f"captions_{split}.json", split_corpus, sizes=sizes)
     write_karpathy_json(directory / KARPATHY_FILE_NAME, corpora_by_split, dataset="flickr30k")
+    # Dependency parses in CoNLL-U: the grammar knows each caption's phrases.
+    write_embedded_parses(directory, [
+        (f"{s.image_id}.jpg#{k}", c.words, [(p.first_word_index, len(p.words)) for p in c.phrases])
+        for s in scenes for k, c in enumerate(s.captions)])
     with open(directory / SCENES_FILE_NAME, "w", encoding="utf-8") as handle:
         json.dump({"format_version": FORMAT_VERSION, "image_size": image_size,
                    "images": [_scene_record(s) for s in scenes]}, handle)
