@@ -1,4 +1,4 @@
-"""Writing JSON files: whole or not at all.
+"""Writing JSON files whole or not at all, and reading JSON objects with clear errors.
 
 Every JSON file the package writes (run configurations, results, benchmark
 reports, generated dataset files) goes through `write_json`: the text is
@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["write_json"]
+from tf_twobranch.errors import DataFormatError
+
+__all__ = ["write_json", "read_json_object"]
 
 
 def _plain(value: Any):
@@ -49,3 +51,18 @@ def write_json(path: str | os.PathLike, payload: Any, *, compact: bool = False) 
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def read_json_object(path: str | os.PathLike, what: str) -> dict:
+    """The JSON object in `path`; DataFormatError naming the file (and line) when it is
+    missing, malformed or not an object (`what` says what the file should hold)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise DataFormatError(path, f"{what} file does not exist") from None
+    except json.JSONDecodeError as err:
+        raise DataFormatError(path, f"malformed JSON ({err.msg})", line=err.lineno) from None
+    if not isinstance(value, dict):
+        raise DataFormatError(path, f"expected a JSON object ({what})")
+    return value

@@ -23,7 +23,6 @@ rebuilds its test images and token rows from the dataset.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 
 import keras
@@ -34,6 +33,7 @@ from tf_twobranch.data.formats import load_feature_matrix
 from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.split import EvaluationSplit
+from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.dual_path import load_dual_path_model
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.sampling.dual_path import test_split
@@ -70,16 +70,6 @@ class Run:
         raise UserInputError(f"{self.run_dir}: unknown evaluation record kind {record.get('kind')!r}")
 
 
-def _read_json(path: pathlib.Path, what: str) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise UserInputError(f"{path}: malformed JSON at line {e.lineno}: {e.msg}") from None
-    if not isinstance(value, dict):
-        raise UserInputError(f"{path}: expected a JSON object ({what})")
-    return value
-
-
 def _weights(folder: pathlib.Path, checkpoint: str) -> pathlib.Path:
     weights = folder / "checkpoints" / f"{checkpoint}.weights.h5"
     if not weights.exists():
@@ -91,7 +81,7 @@ def _weights(folder: pathlib.Path, checkpoint: str) -> pathlib.Path:
 def _results(run_dir: pathlib.Path, folder: pathlib.Path) -> dict | None:
     for candidate in (folder / "results.json", run_dir / "results.json"):
         if candidate.exists():
-            return _read_json(candidate, "experiment results")
+            return read_json_object(candidate, "experiment results")
     return None
 
 
@@ -108,14 +98,14 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
     if (folder / "dual_path_config.json").exists():
         model = load_dual_path_model(folder / "dual_path_config.json", _weights(folder, checkpoint))
         config_path = folder / "run_config.json"
-        config = _read_json(config_path, "run configuration") if config_path.exists() else {}
+        config = read_json_object(config_path, "run configuration") if config_path.exists() else {}
         return Run(folder, "dual_path", model, config, _results(run_dir, folder))
     config_path = folder / "run_config.json"
     if not config_path.exists():
         raise UserInputError(f"{run_dir}: not a run folder written by tf_twobranch: expected "
                              "run_config.json (two-branch runs) or dual_path_config.json / "
                              "stage1/, stage2/ (dual-path runs)")
-    config = _read_json(config_path, "run configuration")
+    config = read_json_object(config_path, "run configuration")
     if not isinstance(config.get("model"), dict):
         raise UserInputError(f"{config_path}: no 'model' configuration in it")
     model = build_model(TwoBranchConfig.from_dict(config["model"]))

@@ -115,6 +115,17 @@ def caption_word_targets(token_lists_per_image: Sequence[Sequence[Sequence[str]]
     return targets
 
 
+def _image_and_box(image, box, caller: str) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+    """An (H, W, 3) image and an inclusive [x1, y1, x2, y2] box, checked."""
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ConfigError(f"{caller} expects an (H, W, 3) image, got {image.shape}")
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not (x2 >= x1 and y2 >= y1):
+        raise ConfigError(f"{caller}: box {list(box)} is not [x1, y1, x2, y2] with x2 >= x1, y2 >= y1")
+    return image, (x1, y1, x2, y2)
+
+
 def square_region_crop(image: np.ndarray, box: Sequence[float], size: int, *,
                        margin: float = 0.15, min_fraction: float = 0.0) -> np.ndarray:
     """A square crop around `box`, resized to `size`×`size` (uint8 RGB).
@@ -127,13 +138,8 @@ def square_region_crop(image: np.ndarray, box: Sequence[float], size: int, *,
     shorter side, which bounds the zoom factor (objects then keep a size
     closer to the one they have in whole images).
     """
-    image = np.asarray(image)
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ConfigError(f"square_region_crop expects an (H, W, 3) image, got {image.shape}")
+    image, (x1, y1, x2, y2) = _image_and_box(image, box, "square_region_crop")
     height, width = image.shape[:2]
-    x1, y1, x2, y2 = (float(v) for v in box)
-    if not (x2 >= x1 and y2 >= y1):
-        raise ConfigError(f"square_region_crop: box {list(box)} is not [x1, y1, x2, y2] with x2 >= x1, y2 >= y1")
     side = int(round(max(x2 - x1 + 1, y2 - y1 + 1) * (1.0 + margin)))
     side = max(2, int(round(min_fraction * min(height, width))), min(side, height, width))
     side = min(side, height, width)
@@ -154,13 +160,8 @@ def masked_region_image(image: np.ndarray, box: Sequence[float], size: int, *,
     0-based pixels, enlarged by `margin` of its size on each side.  The
     result is resized to `size`×`size` (uint8 RGB).
     """
-    image = np.asarray(image)
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ConfigError(f"masked_region_image expects an (H, W, 3) image, got {image.shape}")
+    image, (x1, y1, x2, y2) = _image_and_box(image, box, "masked_region_image")
     height, width = image.shape[:2]
-    x1, y1, x2, y2 = (float(v) for v in box)
-    if not (x2 >= x1 and y2 >= y1):
-        raise ConfigError(f"masked_region_image: box {list(box)} is not [x1, y1, x2, y2] with x2 >= x1, y2 >= y1")
     pad_x, pad_y = margin * (x2 - x1 + 1), margin * (y2 - y1 + 1)
     left, right = int(max(0, np.floor(x1 - pad_x))), int(min(width, np.ceil(x2 + 1 + pad_x)))
     top, bottom = int(max(0, np.floor(y1 - pad_y))), int(min(height, np.ceil(y2 + 1 + pad_y)))

@@ -123,7 +123,8 @@ class TextEncoder:
     def save(self, path: str | os.PathLike) -> None:
         raise NotImplementedError
 
-    def _check_fitted(self, fitted: bool) -> None:
+    def check_fitted(self, fitted: bool) -> None:
+        """ConfigError unless `fitted` (the in-graph layers check the encoder they convert too)."""
         if not fitted:
             raise ConfigError(f"{type(self).__name__} is not fitted yet; call fit(token_lists) first")
 
@@ -205,7 +206,8 @@ class TfidfEncoder(TextEncoder):
         self.sublinear_tf = bool(sublinear_tf)
         self._vectorizer = None
 
-    def _stop_set(self) -> frozenset[str]:
+    def stop_word_set(self) -> frozenset[str]:
+        """The stop words dropped before counting (also used by the in-graph layer)."""
         if self.stop_words is None:
             return frozenset()
         if isinstance(self.stop_words, str):
@@ -213,7 +215,7 @@ class TfidfEncoder(TextEncoder):
         return frozenset(self.stop_words)
 
     def _make_vectorizer(self, vocabulary=None):
-        stop = self._stop_set()
+        stop = self.stop_word_set()
 
         def analyzer(tokens):
             # sklearn ignores stop_words when the analyzer is a callable.
@@ -236,17 +238,17 @@ class TfidfEncoder(TextEncoder):
     @property
     def vocabulary(self) -> list[str]:
         """Dictionary words in feature order."""
-        self._check_fitted(self._vectorizer is not None)
+        self.check_fitted(self._vectorizer is not None)
         return list(self._vectorizer.get_feature_names_out())
 
     @property
     def output_dim(self) -> int:
-        self._check_fitted(self._vectorizer is not None)
+        self.check_fitted(self._vectorizer is not None)
         return len(self._vectorizer.vocabulary_)
 
     def transform(self, token_lists: TokenLists) -> np.ndarray:
         """(num_sentences, dictionary size) float32, L2-normalised rows."""
-        self._check_fitted(self._vectorizer is not None)
+        self.check_fitted(self._vectorizer is not None)
         token_lists = _check_token_lists(token_lists)
         return self._vectorizer.transform(token_lists).toarray().astype(np.float32, copy=False)
 
@@ -260,7 +262,7 @@ class TfidfEncoder(TextEncoder):
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the dictionary and idf weights to one .npz file."""
-        self._check_fitted(self._vectorizer is not None)
+        self.check_fitted(self._vectorizer is not None)
         _save_npz(path, self.get_config(),
                   {"vocabulary": np.array(self.vocabulary, dtype=str), "idf": self._vectorizer.idf_})
 
@@ -631,7 +633,7 @@ class FisherVectorEncoder(TextEncoder):
 
     def transform(self, token_lists: TokenLists) -> np.ndarray:
         """(num_sentences, output_dim) float32 normalised FVs (PCA-projected if pca_dim)."""
-        self._check_fitted(self.weights_ is not None)
+        self.check_fitted(self.weights_ is not None)
         token_lists = _check_token_lists(token_lists)
         out = np.empty((len(token_lists), self.output_dim), dtype=np.float32)
         for start in range(0, len(token_lists), self.batch_size):
@@ -650,7 +652,7 @@ class FisherVectorEncoder(TextEncoder):
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes mixture, ICA/PCA projections and word vectors to one .npz file."""
-        self._check_fitted(self.weights_ is not None)
+        self.check_fitted(self.weights_ is not None)
         arrays = {**_word_vector_arrays(self.word_vectors), "weights": self.weights_, "means": self.means_,
                   "scales": self.scales_}
         if self.ica_unmixing_ is not None:

@@ -146,7 +146,7 @@ class TFTfidfLayer(_WordTableLayer):
         """The layer computing `encoder.transform` on raw strings."""
         if not isinstance(encoder, TfidfEncoder):
             raise ConfigError(f"TFTfidfLayer needs a TfidfEncoder, got {type(encoder).__name__}")
-        layer = cls(encoder.vocabulary, sorted(encoder._stop_set()), encoder.sublinear_tf, **kwargs)
+        layer = cls(encoder.vocabulary, sorted(encoder.stop_word_set()), encoder.sublinear_tf, **kwargs)
         _set(layer.idf, encoder._vectorizer.idf_)
         return layer
 
@@ -209,7 +209,7 @@ class TFFisherVectorLayer(_WordTableLayer):
         """The layer computing `encoder.transform` on raw strings (the encoder must be fitted)."""
         if not isinstance(encoder, FisherVectorEncoder):
             raise ConfigError(f"TFFisherVectorLayer needs a FisherVectorEncoder, got {type(encoder).__name__}")
-        encoder._check_fitted(encoder.weights_ is not None)
+        encoder.check_fitted(encoder.weights_ is not None)
         pca = encoder.pca_components_
         layer = cls(encoder.word_vectors.words, encoder.word_vectors.dim, encoder.num_components,
                     encoder.mixture, use_ica=encoder.ica_unmixing_ is not None,

@@ -188,20 +188,18 @@ def _neighbour_terms(region_embeds, phrase_embeds, positive, region_neighbours, 
                      masked_loss) -> tf.Tensor:
     """λ3/λ4 neighbourhood terms of Algorithm 1 batches (dynamic or static `masked_loss`)."""
     loss = tf.constant(0.0, dtype=region_embeds.dtype)
-    if region_neighbour_weight:
-        if region_neighbours is None:
-            raise ValueError("region_neighbour_weight > 0 needs region_neighbours")
-        targets = tf.reduce_any(positive, axis=0)
-        loss += region_neighbour_weight * masked_loss(
-            pairwise_distance(region_embeds, region_embeds), tf.cast(region_neighbours, tf.bool),
-            targets, targets, margin=margin, top_k=top_k)
-    if phrase_neighbour_weight:
-        if phrase_neighbours is None:
-            raise ValueError("phrase_neighbour_weight > 0 needs phrase_neighbours")
-        anchors = tf.reduce_any(positive, axis=1)
-        loss += phrase_neighbour_weight * masked_loss(
-            pairwise_distance(phrase_embeds, phrase_embeds), tf.cast(phrase_neighbours, tf.bool),
-            anchors, anchors, margin=margin, top_k=top_k)
+    # λ3: regions that are some phrase's positive (axis 0 of `positive`);
+    # λ4: phrases with a positive region (axis 1).
+    for name, weight, embeds, neighbours, axis in (
+            ("region", region_neighbour_weight, region_embeds, region_neighbours, 0),
+            ("phrase", phrase_neighbour_weight, phrase_embeds, phrase_neighbours, 1)):
+        if not weight:
+            continue
+        if neighbours is None:
+            raise ValueError(f"{name}_neighbour_weight > 0 needs {name}_neighbours")
+        anchors = tf.reduce_any(positive, axis=axis)
+        loss += weight * masked_loss(pairwise_distance(embeds, embeds), tf.cast(neighbours, tf.bool),
+                                     anchors, anchors, margin=margin, top_k=top_k)
     return loss
 
 

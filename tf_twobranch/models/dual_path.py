@@ -92,6 +92,7 @@ import tensorflow as tf
 from tf_twobranch import distribute, losses
 from tf_twobranch.batching import in_batches, unpack_batch
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.json_files import read_json_object
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
@@ -694,14 +695,8 @@ def save_dual_path_config(path, config: DualPathConfig, **extra) -> None:
 
 def load_dual_path_config(path) -> DualPathConfig:
     """Reads a config written by `save_dual_path_config`."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise DataFormatError(path, "config file does not exist") from None
-    except json.JSONDecodeError as err:
-        raise DataFormatError(path, f"not valid JSON ({err.msg})", line=err.lineno) from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+    data = read_json_object(path, "dual-path configuration")
+    if not isinstance(data.get("model"), dict):
         raise DataFormatError(path, "expected a JSON object with a 'model' object")
     try:
         return DualPathConfig.from_dict(data["model"])

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses import fragment as fragment_losses
 
 __all__ = ["FragmentEmbeddingConfig", "SentenceFragmentEncoder", "FragmentEmbeddingModel",
@@ -224,13 +225,10 @@ def save_fragment_config(path, config: FragmentEmbeddingConfig, **extra) -> None
 
 def load_fragment_config(path) -> tuple[FragmentEmbeddingConfig, dict]:
     """The configuration written by `save_fragment_config` and its extra entries."""
+    data = read_json_object(path, "fragment-model configuration")
+    if not isinstance(data.get("model"), dict):
+        raise DataFormatError(path, "expected a JSON object with a 'model' object")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise DataFormatError(path, "config file does not exist") from None
-    except json.JSONDecodeError as err:
-        raise DataFormatError(path, f"not valid JSON ({err.msg})", line=err.lineno) from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        raise DataFormatError(path, "expected a JSON object with a 'model' entry")
-    return FragmentEmbeddingConfig.from_dict(data.pop("model")), data
+        return FragmentEmbeddingConfig.from_dict(data.pop("model")), data
+    except ConfigError as err:
+        raise DataFormatError(path, str(err), record="model") from None

@@ -149,17 +149,11 @@ def _fsync(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-def save_weights_atomic(model: keras.Model, path) -> pathlib.Path:
-    """Writes `model.save_weights` to a temp file beside `path`, then renames it.
-
-    A process killed mid-write leaves at most a `.tmp_*` file; `path` is
-    either the previous complete file or the new complete one.
-    """
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}_{path.name}"  # keeps the .weights.h5 suffix
+def _write_atomic(path: pathlib.Path, write) -> pathlib.Path:
+    """`write(tmp)` into a temp file beside `path` (same suffix), fsync, rename over `path`."""
+    tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}_{path.name}"  # keeps e.g. the .weights.h5 suffix
     try:
-        model.save_weights(tmp)
+        write(tmp)
         _fsync(tmp)
         os.replace(tmp, path)
     finally:
@@ -168,18 +162,20 @@ def save_weights_atomic(model: keras.Model, path) -> pathlib.Path:
     return path
 
 
+def save_weights_atomic(model: keras.Model, path) -> pathlib.Path:
+    """Writes `model.save_weights` to a temp file beside `path`, then renames it.
+
+    A process killed mid-write leaves at most a `.tmp_*` file; `path` is
+    either the previous complete file or the new complete one.
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _write_atomic(path, model.save_weights)
+
+
 def copy_file_atomic(src, dst) -> pathlib.Path:
     """Copies `src` to `dst` through a temp file in `dst`'s directory and a rename."""
-    dst = pathlib.Path(dst)
-    tmp = dst.parent / f"{TMP_PREFIX}{os.getpid()}_{dst.name}"
-    try:
-        shutil.copyfile(src, tmp)
-        _fsync(tmp)
-        os.replace(tmp, dst)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return dst
+    return _write_atomic(pathlib.Path(dst), lambda tmp: shutil.copyfile(src, tmp))
 
 
 def remove_stale_temp_files(directory) -> None:
