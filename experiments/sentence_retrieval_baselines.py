@@ -18,7 +18,6 @@ reached R@1/5/10 36.0/56.8/65.5 instead of 33.2/53.3/61.7 (PPMI-SVD vectors).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pathlib
@@ -32,6 +31,7 @@ from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.json_files import write_json
 
 _REALDATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "realdata"
 
@@ -156,8 +156,7 @@ def run() -> dict:
     }
     print(format_table(output))
     if FLAGS.out_json:
-        with open(FLAGS.out_json, "w", encoding="utf-8") as out:
-            json.dump(output, out, indent=2)
+        write_json(FLAGS.out_json, output)   # atomic; creates the folder
     return output
 
 

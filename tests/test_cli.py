@@ -1,4 +1,6 @@
-"""Every experiment entry point rejects stray positional arguments before doing any work."""
+"""Experiment entry points: stray positional arguments are refused before any work; output files land where asked."""
+
+import json
 import subprocess
 import sys
 
@@ -26,3 +28,21 @@ def test_retrieval_table_passes_row_flags_but_refuses_positionals():
                           cwd=common.REPO_ROOT, timeout=120)
     assert proc.returncode == 2
     assert "unexpected arguments ['stray_arg']" in proc.stderr
+
+
+def test_sentence_baselines_write_results_into_a_new_folder(tmp_path):
+    words = ["red", "blue", "green", "seven", "five", "two", "big", "small"]
+    lines, ids = [], [f"{1000 + i}" for i in range(6)]
+    for i, image_id in enumerate(ids):
+        for k in range(5):
+            lines.append(f"{image_id}.jpg#{k}\ta {words[i % 3]} {words[3 + i % 3]} and a {words[6 + k % 2]} one")
+    (tmp_path / "captions.token").write_text("\n".join(lines) + "\n")
+    (tmp_path / "train.txt").write_text("\n".join(ids[:3]) + "\n")
+    (tmp_path / "test.txt").write_text("\n".join(ids[3:]) + "\n")
+    out = tmp_path / "new" / "folder" / "results.json"
+    done = subprocess.run([sys.executable, "-m", "experiments.sentence_retrieval_baselines",
+                           f"--captions={tmp_path / 'captions.token'}", f"--train_split={tmp_path / 'train.txt'}",
+                           f"--test_split={tmp_path / 'test.txt'}", "--encoders=tfidf", f"--out_json={out}"],
+                          capture_output=True, text=True, timeout=300, cwd=common.REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert "tfidf" in json.loads(out.read_text())["results"]
