@@ -47,6 +47,7 @@ from tf_twobranch.data.layout import PROPOSALS_FILE_NAME, resolve_dataset
 from tf_twobranch.data.phrases import phrase_examples_from_images
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.vectors import l2_normalize_rows
 
 # Unlike the training experiments, this module imports no TensorFlow, scikit-learn or
 # matplotlib at start-up (--help takes ~0.5 s, not ~7 s): the functions that need them do.
@@ -107,14 +108,11 @@ def python_scorer(model, backbone_name: str, backbone_weights: str | None, text_
     backbone = build_backbone(backbone_name, weights_path=backbone_weights)
     encoder = load_text_encoder(text_encoder_path)
 
-    def normalise(x):
-        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
     def score(image_bytes, proposals, phrases):
         image = np.asarray(Image.open(io.BytesIO(image_bytes)).convert("RGB"))
         features = extract_region_features(image, proposals + [0, 0, 1, 1], backbone)
-        regions = normalise(model.embed_images(features))
-        texts = normalise(model.embed_texts(encoder.transform([tokenize_caption(p) for p in phrases])))
+        regions = l2_normalize_rows(model.embed_images(features))
+        texts = l2_normalize_rows(model.embed_texts(encoder.transform([tokenize_caption(p) for p in phrases])))
         if model.similarity_head is None:
             return texts @ regions.T
         joint = (texts[:, None, :] * regions[None, :, :]).reshape(-1, regions.shape[1])

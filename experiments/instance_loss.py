@@ -40,9 +40,10 @@ from tf_twobranch.features.scene_cnn import save_scene_cnn, train_scene_cnn
 from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.models.dual_path import (DualPathConfig, DualPathModel, retrieval_metrics,
                                            save_dual_path_config)
-from tf_twobranch.runs import record_dual_path_split
+from tf_twobranch.runs import dual_path_test_split, record_dual_path_split
 from tf_twobranch.sampling import dual_path as dp
 from tf_twobranch.training import trainer
+from tf_twobranch.vectors import l2_normalize_rows
 
 # The embedded scenes are 96-pixel JPEGs with a ~130-word vocabulary and
 # ambiguous captions. The profile keeps the paper's structure (pretrained
@@ -200,12 +201,12 @@ def load_data(f, run_dir: pathlib.Path):
     word vectors used."""
     check_dataset_dir(f)
     source, layout = dataset_layout(f)
-    build = (dual_path_data.dual_path_data_from_pedes if f.dataset_kind == "pedes"
-             else dual_path_data.dual_path_data_from_retrieval)
 
     def split(name, vocabulary=None, word_vectors=None):
-        return build(layout, name, vocabulary=vocabulary, word_vectors=word_vectors, max_len=f.max_len,
-                     long_captions=f.long_captions, max_images=_limit(f, name))
+        return dual_path_data.dual_path_data(
+            layout, name, dataset_kind=f.dataset_kind, vocabulary=vocabulary,
+            word_vectors=word_vectors, max_len=f.max_len, long_captions=f.long_captions,
+            max_images=_limit(f, name))
 
     word_vectors = None
     if f.word_init == "word2vec":
@@ -230,8 +231,7 @@ def load_data(f, run_dir: pathlib.Path):
                 # magnitude with word frequency, unlike word2vec's; unit rows
                 # keep the directions (measured: rsum 23.5 → 24.5; random
                 # init still does better here, 36.2 — BUILD_NOTES.md).
-                norms = np.linalg.norm(vectors.vectors, axis=1, keepdims=True)
-                vectors = WordVectors(vectors.words, vectors.vectors / np.maximum(norms, 1e-8))
+                vectors = WordVectors(vectors.words, l2_normalize_rows(vectors.vectors, epsilon=1e-8))
                 save_word_vectors(path, vectors)
             logging.info("embedded data: word vectors trained on the training captions -> %s", path)
             word_vectors = str(path)
@@ -328,13 +328,6 @@ def _initial_weights(model, path: str, num_classes: int) -> str:
     return str(weights)
 
 
-def evaluation_split(f, evaluation):
-    """The evaluation split as the model's `evaluate` takes it (recorded for `load_run`)."""
-    return dp.test_split(evaluation, resize_to=f.resize_to, crop_size=f.image_size,
-                         text_shift=f.test_text_shift, protocol=f.protocol,
-                         by_identity=f.dataset_kind == "pedes")
-
-
 def evaluate(f, model, split, evaluation, out_dir: pathlib.Path, title: str) -> dict:
     """Retrieval metrics (what `model.evaluate(split)` returns) + separability S and its histogram PNG."""
     image_embeds, text_embeds = model.retrieval_embeddings(split)
@@ -385,7 +378,12 @@ def run(f) -> dict:
     row_name = f.row_name or "instance_loss"
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
     source, layout, train, evaluation, word_vectors = load_data(f, run_dir)
-    split = evaluation_split(f, evaluation)
+    # How the evaluation split is made, recorded for load_run, which rebuilds it the same way.
+    evaluation_record = record_dual_path_split(
+        layout, split=f.eval_split, dataset_kind=f.dataset_kind, max_len=f.max_len,
+        long_captions=f.long_captions, max_images=_limit(f, f.eval_split), resize_to=f.resize_to,
+        crop_size=f.image_size, text_shift=f.test_text_shift, protocol=f.protocol)
+    split = dual_path_test_split(evaluation_record, evaluation)
     if f.image_backbone == "scene_cnn" and not f.image_weights:
         if f.dataset_dir:
             raise common.UserInputError("--image_backbone=scene_cnn needs --image_weights=<a "
@@ -402,11 +400,7 @@ def run(f) -> dict:
               "num_classes": config.num_classes, "vocabulary_size": config.vocabulary_size,
               "num_eval_images": evaluation.num_images,
               "num_eval_captions": evaluation.num_captions, "stages": [],
-              "evaluation": record_dual_path_split(
-                  layout, split=f.eval_split, dataset_kind=f.dataset_kind,
-                  max_len=f.max_len, long_captions=f.long_captions,
-                  max_images=_limit(f, f.eval_split), resize_to=f.resize_to,
-                  crop_size=f.image_size, text_shift=f.test_text_shift, protocol=f.protocol)}
+              "evaluation": evaluation_record}
     if not f.image_weights:
         record["note"] = ("image backbone randomly initialised (no --image_weights): "
                           "not ImageNet features")

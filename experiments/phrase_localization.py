@@ -230,7 +230,7 @@ def train_model(f, data, run_dir: pathlib.Path, typed: dict | None = None) -> tu
     with strategy.scope():
         model = build_model(config)
     run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
-                  **common.flag_record(f, common.typed_flags(f) if typed is None else typed),
+                  **common.flag_record(f, typed),
                   "task": "phrase_localization"}
     trainer.prepare_run_dir(run_dir, run_config)
     info = {"stages": []}

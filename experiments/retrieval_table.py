@@ -141,18 +141,16 @@ def _main() -> None:
 main = absl_main(_main)
 
 
-# absl defines its help flags inside app.run, after this filter runs.
-HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "?")
-
-
 def _absl_argv(argv: list[str]) -> list[str]:
-    """The runner's own flags, the help flags and every positional argument (rejected as
+    """The runner's own flags (absl's included) and every positional argument (rejected as
     stray by absl_main)."""
-    return [argv[0]] + [a for a in argv[1:] if not a.startswith("-") or _flag_name(a) in FLAGS
-                        or _flag_name(a) in HELP_FLAGS]
+    return [argv[0]] + [a for a in argv[1:] if not a.startswith("-") or _flag_name(a) in FLAGS]
 
 
 if __name__ == "__main__":
     define_flags()
+    # app.run would define --help & co. only after the filter below: define them first, so
+    # they count as the runner's own.
+    app.define_help_flags()
     # Row flags are parsed per row (see _row_overrides); absl sees only its own.
     app.run(main, argv=_absl_argv(sys.argv), flags_parser=parse_flags)

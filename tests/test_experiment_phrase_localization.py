@@ -86,6 +86,10 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
                               capture_output=True, text=True, cwd=common.REPO_ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
         assert len(sorted(out.glob("*.png"))) == 2
+        from tf_twobranch.errors import UserInputError
+        from tf_twobranch.runs import load_run
+        with pytest.raises(UserInputError, match="phrase-localization run has no retrieval split"):
+            load_run(tmp_path / "run").evaluation_split()
     table = pl.format_localization_table("t", [pl._table_row(record)])
     assert "R@1" in table and "paper R@1" in table
 

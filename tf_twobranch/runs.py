@@ -28,7 +28,7 @@ import pathlib
 import keras
 import numpy as np
 
-from tf_twobranch.data import dual_path_data
+from tf_twobranch.data.dual_path_data import dual_path_data
 from tf_twobranch.data.formats import load_feature_matrix
 from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.errors import UserInputError
@@ -38,7 +38,8 @@ from tf_twobranch.models.dual_path import load_dual_path_model
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.sampling.dual_path import test_split
 
-__all__ = ["Run", "load_run", "FAMILIES", "record_feature_split", "record_dual_path_split"]
+__all__ = ["Run", "load_run", "FAMILIES", "record_feature_split", "record_dual_path_split",
+           "dual_path_test_split"]
 
 FAMILIES = ("two_branch", "dual_path")
 
@@ -55,8 +56,7 @@ class Run:
         """The test split this run was evaluated on (what `self.model.evaluate` takes)."""
         record = (self.results or {}).get("evaluation")
         if record is None:
-            task = (self.results or {}).get("task") or self.config.get("task")
-            if task == "phrase_localization" or "marks" in (self.results or {}):
+            if self.config.get("task") == "phrase_localization":
                 raise UserInputError(
                     f"{self.run_dir}: a phrase-localization run has no retrieval split; it is "
                     "evaluated with tf_twobranch.evaluation.phrase_localization on its "
@@ -188,6 +188,13 @@ def record_dual_path_split(layout, *, split: str, dataset_kind: str, max_len: in
             "crop_size": crop_size, "text_shift": text_shift, "protocol": protocol}
 
 
+def dual_path_test_split(record: dict, data) -> EvaluationSplit:
+    """The split a `record_dual_path_split` recipe describes, from its loaded `DualPathData`."""
+    return test_split(data, resize_to=record["resize_to"], crop_size=record["crop_size"],
+                      text_shift=record["text_shift"], protocol=record["protocol"],
+                      by_identity=record["dataset_kind"] == "pedes")
+
+
 def _read_dual_path_split(record: dict, vocabulary) -> EvaluationSplit:
     if not vocabulary:
         raise UserInputError("the dual-path run's run_config.json has no vocabulary")
@@ -195,9 +202,7 @@ def _read_dual_path_split(record: dict, vocabulary) -> EvaluationSplit:
     layout = resolve_dataset(record["dataset_dir"], caption_format=record["caption_format"],
                              images_dir=record["images_dir"],
                              captions_path=record["caption_file"] if pedes else None)
-    build = (dual_path_data.dual_path_data_from_pedes if pedes
-             else dual_path_data.dual_path_data_from_retrieval)
-    data = build(layout, record["split"], vocabulary=vocabulary, max_len=record["max_len"],
-                 long_captions=record["long_captions"], max_images=record["max_images"])
-    return test_split(data, resize_to=record["resize_to"], crop_size=record["crop_size"],
-                      text_shift=record["text_shift"], protocol=record["protocol"], by_identity=pedes)
+    data = dual_path_data(layout, record["split"], dataset_kind=record["dataset_kind"],
+                          vocabulary=vocabulary, max_len=record["max_len"],
+                          long_captions=record["long_captions"], max_images=record["max_images"])
+    return dual_path_test_split(record, data)

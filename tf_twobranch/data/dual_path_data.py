@@ -29,10 +29,14 @@ from tf_twobranch.data.text_codes import (LONG_CAPTION_POLICIES, build_text_voca
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
 
-__all__ = ["VALIDATE_MODES", "FULL_DECODE_LIMIT", "DualPathData", "dual_path_data_from_retrieval",
-           "dual_path_data_from_pedes", "validate_image_files", "check_num_classes"]
+__all__ = ["VALIDATE_MODES", "FULL_DECODE_LIMIT", "DATASET_KINDS", "DualPathData", "dual_path_data",
+           "dual_path_data_from_retrieval", "dual_path_data_from_pedes", "validate_image_files",
+           "check_num_classes"]
 
 VALIDATE_MODES = ("auto", "header", "full")
+#: "retrieval": one class per image (Flickr30K, MSCOCO, the embedded scenes);
+#: "pedes": one class per person identity (CUHK-PEDES).
+DATASET_KINDS = ("retrieval", "pedes")
 #: With validate="auto", every image is fully decoded up front when the split
 #: has at most this many images; larger splits get existence + header checks.
 FULL_DECODE_LIMIT = 10_000
@@ -285,3 +289,13 @@ def dual_path_data_from_pedes(layout: DatasetLayout, split: str = "train", *,
                         len(identities), vocabulary, int(max_len), codes, list(corpus.image_ids),
                         [str(i) for i in identities.tolist()], split, str(reid_raw_json),
                         str(layout.images_dir))
+
+
+def dual_path_data(layout: DatasetLayout, split: str, *, dataset_kind: str = "retrieval",
+                   **kwargs) -> DualPathData:
+    """One split of a dataset of `dataset_kind` (see `DATASET_KINDS`); `kwargs` go to
+    `dual_path_data_from_retrieval` or `dual_path_data_from_pedes`."""
+    if dataset_kind not in DATASET_KINDS:
+        raise ConfigError(f"dataset_kind must be one of {DATASET_KINDS}, got {dataset_kind!r}")
+    build = dual_path_data_from_pedes if dataset_kind == "pedes" else dual_path_data_from_retrieval
+    return build(layout, split, **kwargs)

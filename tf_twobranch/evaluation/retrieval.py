@@ -39,6 +39,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.vectors import l2_normalize_rows
 
 DEFAULT_KS = (1, 5, 10)
 DEFAULT_CHUNK = 2048  # fastest here at MSCOCO-5K scale (benchmarks/)
@@ -328,9 +329,7 @@ def sentence_retrieval_metrics(text_embeds, caption_image, ks=DEFAULT_KS, *,
     Each caption queries all other captions; positives are the other captions
     of the same image. Embeddings should be L2-normalised (cosine).
     """
-    texts = _as_matrix(text_embeds, "text_embeds")
-    norms = np.linalg.norm(texts, axis=1, keepdims=True)
-    texts = texts / np.maximum(norms, 1e-12)
+    texts = l2_normalize_rows(_as_matrix(text_embeds, "text_embeds"))
     caption_image = np.asarray(caption_image, np.int32)
     ranks = group_ranks(texts, texts, caption_image, caption_image,
                         exclude_same_index=True, chunk_size=chunk_size)
@@ -417,6 +416,4 @@ def random_baseline_metrics(num_images: int, caption_image, *, protocol: str = "
     caption_image = np.asarray(caption_image)
     images = rng.normal(size=(num_images, dim)).astype(np.float32)
     texts = rng.normal(size=(len(caption_image), dim)).astype(np.float32)
-    images /= np.linalg.norm(images, axis=1, keepdims=True)
-    texts /= np.linalg.norm(texts, axis=1, keepdims=True)
-    return evaluate_protocol(images, texts, caption_image, protocol, ks=ks)
+    return evaluate_protocol(l2_normalize_rows(images), l2_normalize_rows(texts), caption_image, protocol, ks=ks)

@@ -31,13 +31,5 @@ class EvaluationSplit:
     image_class: np.ndarray | None = None
 
     @property
-    def num_images(self) -> int:
-        return len(self.image)
-
-    @property
     def num_captions(self) -> int:
         return len(self.caption_image)
-
-    def as_dict(self) -> dict:
-        """The split as the dict `model.evaluate` takes (optional fields only when set)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}

@@ -28,6 +28,7 @@ from tf_twobranch.data.text_codes import TokenCoder
 from tf_twobranch.export import serving
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.models.dual_path import DualPathModel
+from tf_twobranch.vectors import l2_normalize_rows
 
 __all__ = ["DualPathServingModule", "export_dual_path"]
 
@@ -123,5 +124,4 @@ def embed_with_keras(model: DualPathModel, jpeg_bytes: Sequence[bytes], codes: n
                                        "image_jpeg").numpy()
     images = model.embed_images(pixels, flip_average=True)
     texts = model.embed_texts(codes)
-    norm = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
-    return norm(images), norm(texts)
+    return l2_normalize_rows(images), l2_normalize_rows(texts)
