@@ -1,9 +1,10 @@
-"""Losses of the two-branch networks and of the dual-path CNN, one module per paper family.
+"""Losses of the two-branch networks, the dual-path CNN and deep fragment embeddings, one module per paper family.
 
 * `common`: distances and top-K hinges (dynamic and static-shape) of `ranking` and `phrase_localization`.
 * `ranking`: two-branch image–sentence losses, TPAMI 2018 eqs. 1–7; Keras `LogisticPairLoss`.
 * `phrase_localization`: the ranking loss on Algorithm 1 phrase–region batches (TPAMI 2018; CVPR 2016).
 * `instance`: dual-path CNN losses (Zheng et al. 2020); Keras `InstanceLoss`, `CosineRankingLoss`.
+* `fragment`: deep fragment embedding objectives (Karpathy et al. 2014, eqs. 4–7; import the module).
 
 Every loss is a pure function of tensors. A `keras.losses.Loss` class exists
 only where the loss has per-example values (Keras reduces and weights them);

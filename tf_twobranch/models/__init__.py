@@ -1,1 +1,1 @@
-"""The model families: two-branch networks (`two_branch`) and the dual path (`dual_path`)."""
+"""The model families: two-branch networks (`two_branch`), the dual path (`dual_path`) and deep fragment embeddings (`fragment_embedding`)."""
