@@ -290,3 +290,21 @@ def test_flickr30k_images_and_coco_names_resolve(tmp_path):
     with pytest.raises(DataFormatError, match=r"listing\.txt, record 'image 555': image file not found: "
                                               r"looked for 555\.jpg"):
         layout.image_path("555", source="listing.txt")
+
+
+def test_real_flickr8k_folder_resolves_with_its_split_lists_and_parses(realdata):
+    layout = resolve_dataset(realdata / "flickr8k")
+    assert layout.caption_format == "token" and layout.caption_file.name == "Flickr8k.token.txt"
+    assert {s: p.name for s, p in layout.split_files.items()} == {
+        "train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt", "test": "Flickr_8k.testImages.txt"}
+    assert layout.parses.name == "Flickr8k.token.conllu"
+    splits = load_caption_splits(layout)
+    assert {s: (c.num_images, c.num_captions) for s, c in splits.items()} == {
+        "train": (6000, 30000), "val": (1000, 5000), "test": (1000, 5000)}
+
+
+def test_embedded_parses_are_found_beside_the_captions(tmp_path):
+    (tmp_path / "results_20130124.token").write_text("1000.jpg#0\ta red seven\n")
+    assert resolve_dataset(tmp_path).parses is None
+    (tmp_path / "captions.conllu").write_text("")
+    assert resolve_dataset(tmp_path).parses == tmp_path / "captions.conllu"

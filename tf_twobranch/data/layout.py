@@ -9,8 +9,9 @@ Captions (``caption_format="auto"``: the first match wins):
 
 1. a Karpathy split file ``dataset_flickr30k.json`` / ``dataset_coco.json``
    (any ``dataset_*.json``): "karpathy";
-2. a Flickr30K caption file (``results_20130124.token`` or any ``*.token``),
-   split by the split lists below: "token";
+2. a Flickr30K / Flickr8K caption file (``results_20130124.token``, any
+   ``*.token`` or ``*.token.txt`` such as ``Flickr8k.token.txt``), split by
+   the split lists below: "token";
 3. MSCOCO caption files ``annotations/captions_{train,val,test}*.json``
    (one per split): "coco";
 4. the vsepp/SCAN "precomp" layout: ``train_caps.txt`` and ``test_caps.txt``
@@ -28,8 +29,11 @@ with local word vectors and backbone weights needs none.
 Beside the captions:
 
 * split lists ``<root>/{train,val,test}.txt`` (Flickr30K Entities, one
-  image id per line), or ``split_files`` (for the "coco" format these are the
-  per-split caption files instead);
+  image id per line), else Flickr8K's ``Flickr_8k.{train,dev,test}Images.txt``,
+  or ``split_files`` (for the "coco" format these are the per-split caption
+  files instead);
+* dependency parses of the captions in CoNLL-U: ``<caption file stem>.conllu``
+  (``Flickr8k.token.conllu``) or ``<root>/captions.conllu`` (or None);
 * Flickr30K Entities: the folder holding ``Annotations/`` and
   ``Sentences/`` (the dataset folder itself, or None);
 * the images folder, found once: ``images_dir`` when given, else
@@ -69,6 +73,10 @@ CAPTION_FORMATS = ("auto", "karpathy", "token", "coco", "precomp", "cuhk_pedes")
 #: list, the images folder, the Flickr30K Entities folders, the proposals.
 PIECES = ("captions", *SPLITS, "images", "entities", "proposals")
 TOKEN_FILE_NAME = "results_20130124.token"
+#: The Flickr8K release's split lists (``dev`` is the validation split).
+FLICKR8K_SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt",
+                        "test": "Flickr_8k.testImages.txt"}
+PARSES_FILE_NAME = "captions.conllu"
 PEDES_FILE_NAME = "reid_raw.json"
 PROPOSALS_FILE_NAME = "proposals.h5"
 MANIFEST_NAME = "MANIFEST.json"
@@ -102,6 +110,9 @@ class DatasetLayout:
       entities_dir: the folder holding ``Annotations/`` and ``Sentences/``
         (Flickr30K Entities), or None.
       proposals: the region proposals file (or folder), or None.
+      parses: the CoNLL-U dependency parses of the captions
+        (``<caption file stem>.conllu``, e.g. ``Flickr8k.token.conllu``, or
+        ``captions.conllu``), or None.
       embedded: the folder is the package's embedded dataset.
     """
 
@@ -114,6 +125,7 @@ class DatasetLayout:
     images_dir: pathlib.Path | None = None
     entities_dir: pathlib.Path | None = None
     proposals: pathlib.Path | None = None
+    parses: pathlib.Path | None = None
     embedded: bool = False
 
     # ------------------------------------------------------------------ pieces
@@ -312,7 +324,8 @@ def resolve_dataset(dataset_dir, *, caption_format: str = "auto", images_dir=Non
     elif root is not None and fmt == "karpathy":
         caption_file = _first(root.glob("dataset_*.json"))
     elif root is not None and fmt == "token":
-        caption_file = _first(root.glob(TOKEN_FILE_NAME)) or _first(root.glob("*.token"))
+        caption_file = (_first(root.glob(TOKEN_FILE_NAME)) or _first(root.glob("*.token"))
+                        or _first(root.glob("*.token.txt")))
     elif root is not None and fmt == "cuhk_pedes" and (root / PEDES_FILE_NAME).is_file():
         caption_file = root / PEDES_FILE_NAME
     lists = {}
@@ -321,6 +334,8 @@ def resolve_dataset(dataset_dir, *, caption_format: str = "auto", images_dir=Non
             lists[split] = explicit[split]
         elif root is not None and (root / f"{split}.txt").is_file():
             lists[split] = root / f"{split}.txt"
+        elif root is not None and (root / FLICKR8K_SPLIT_FILES[split]).is_file():
+            lists[split] = root / FLICKR8K_SPLIT_FILES[split]
     if images_dir is not None:
         images = pathlib.Path(images_dir)
     elif root is not None:
@@ -339,10 +354,24 @@ def resolve_dataset(dataset_dir, *, caption_format: str = "auto", images_dir=Non
     return DatasetLayout(root=root, caption_format=fmt, caption_file=caption_file,
                          split_caption_files=split_caption_files, precomp_splits=precomp_splits,
                          split_files=lists, images_dir=images, entities_dir=entities,
-                         proposals=proposals_path, embedded=_is_embedded(root))
+                         proposals=proposals_path, parses=_parses_file(root, caption_file),
+                         embedded=_is_embedded(root))
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _parses_file(root: pathlib.Path | None, caption_file: pathlib.Path | None) -> pathlib.Path | None:
+    """``<caption file stem>.conllu`` beside the caption file (``Flickr8k.token.txt`` ->
+    ``Flickr8k.token.conllu``), else ``<root>/captions.conllu``."""
+    candidates = []
+    if caption_file is not None:
+        name = caption_file.name[:-4] if caption_file.name.endswith(".txt") else caption_file.name
+        candidates += [caption_file.with_name(name + ".conllu"),
+                       caption_file.with_name(caption_file.stem + ".conllu")]
+    if root is not None:
+        candidates.append(root / PARSES_FILE_NAME)
+    return next((c for c in candidates if c.is_file()), None)
 
 
 def _first(paths):
@@ -374,7 +403,7 @@ def _caption_format_of(root: pathlib.Path | None, caption_format: str, captions_
         return None
     if _first(root.glob("dataset_*.json")):
         return "karpathy"
-    if _first(root.glob("*.token")):
+    if _first(root.glob("*.token")) or _first(root.glob("*.token.txt")):
         return "token"
     if _first(root.glob("annotations/captions_*.json")):
         return "coco"
