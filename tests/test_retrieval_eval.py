@@ -211,3 +211,19 @@ def test_duplicate_captions_tie_exactly():
     # And every rank is the pessimistic reference's on exactly tied scores.
     scores[:, 1::5] = scores[:, [0]]
     np.testing.assert_array_equal(i2t, _naive_ranks(scores, cap_img)[0])
+
+
+def test_first_caption_protocol_keeps_each_images_first_caption():
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(6, 4)).astype(np.float32)
+    caption_image = np.array([0, 0, 1, 1, 1, 2, 3, 3, 4, 5, 5, 2])
+    texts = rng.normal(size=(len(caption_image), 4)).astype(np.float32)
+    np.testing.assert_array_equal(R.first_caption_rows(caption_image), [0, 2, 5, 6, 8, 9])
+    keep = R.first_caption_rows(caption_image)
+    expected = R.evaluate_protocol(images, texts[keep], caption_image[keep], "full")
+    assert R.evaluate_protocol(images, texts, caption_image, "first_caption") == expected
+    # Index arrays (models scored through a score_fn_factory) are selected the same way.
+    factory = lambda i, t: (lambda a, b: images[i] @ texts[t[a:b]].T)  # noqa: E731
+    got = R.evaluate_protocol(np.arange(6), np.arange(len(caption_image)), caption_image, "first_caption",
+                              score_fn_factory=factory)
+    assert got == pytest.approx(expected)

@@ -344,6 +344,9 @@ class Protocol:
     name: str
     fold_images: int | None  # None = the whole test set is one gallery
     num_folds: int | None = None  # None = as many consecutive folds as fit
+    # Hodosh et al.'s protocol (the `*` rows of Karpathy et al.): only each
+    # image's first caption is kept, N sentences for N images instead of 5N.
+    first_caption_only: bool = False
 
 
 PROTOCOLS = {
@@ -351,7 +354,15 @@ PROTOCOLS = {
     "flickr30k_1k": Protocol("flickr30k_1k", None),
     "coco_1k": Protocol("coco_1k", 1000, 5),
     "coco_5k": Protocol("coco_5k", None),
+    "first_caption": Protocol("first_caption", None, first_caption_only=True),
 }
+
+
+def first_caption_rows(caption_image) -> np.ndarray:
+    """Indices of each image's first caption (in caption order), in caption order."""
+    caption_image = np.asarray(caption_image)
+    _, first = np.unique(caption_image, return_index=True)
+    return np.sort(first)
 
 
 def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = "full", *,
@@ -361,7 +372,9 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
 
     "coco_1k" averages five consecutive 1,000-image folds (and their
     captions) of the 5K test set; "coco_5k", "flickr30k_1k" and "full" use
-    the whole given test set as one gallery.
+    the whole given test set as one gallery; "first_caption" (Hodosh et
+    al., the `*` rows of Karpathy et al.) keeps only each image's first
+    caption, one gallery of N images and N captions.
 
     Models whose score is not a dot product of the two embeddings (the
     similarity network) pass `score_fn_factory(image_embeds, text_embeds)`,
@@ -385,6 +398,9 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
                                        chunk_size=chunk_size)
         return retrieval_metrics_from_ranks(i2t, t2i, ks)
 
+    if spec.first_caption_only:
+        keep = first_caption_rows(caption_image)
+        return metrics(image_embeds, text_embeds[keep], caption_image[keep])
     if spec.fold_images is None:
         return metrics(image_embeds, text_embeds, caption_image)
     num_folds = spec.num_folds or len(image_embeds) // spec.fold_images
