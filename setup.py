@@ -28,5 +28,9 @@ setup(
         "pillow>=10,<14",
         "matplotlib>=3.8,<4",
     ],
-    extras_require={"test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4"]},
+    # spaCy only (never a spaCy model): `parse` for --parser=spacy, `test` to build Docs by hand.
+    extras_require={
+        "parse": ["spacy>=3.7,<4"],
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "spacy>=3.7,<4"],
+    },
 )
