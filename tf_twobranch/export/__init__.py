@@ -5,6 +5,7 @@
 * `two_branch`: image–sentence two-branch models (`export_saved_model`).
 * `dual_path`: the dual-path CNN of the instance loss (`export_dual_path`).
 * `localization`: region–phrase scoring from image bytes, boxes and phrases (`export_region_phrase_model`).
+* `fragment_embedding`: deep fragment embeddings: fragment towers, S_kl and the alignment matrix (`export_fragment_model`).
 
 ``saved_model_cli`` with the tensorflow-text ops registered is the command-line
 tool `tf_twobranch.tools.saved_model_cli`.
@@ -20,6 +21,7 @@ from tf_twobranch.export.serving import (
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.export.two_branch import TwoBranchServingModule, export_saved_model
 from tf_twobranch.export.dual_path import DualPathServingModule, embed_with_keras, export_dual_path
+from tf_twobranch.export.fragment_embedding import FragmentServingModule, export_fragment_model
 from tf_twobranch.export.localization import (
     BOX_CONVENTIONS,
     RegionPhraseServingModule,
@@ -32,11 +34,13 @@ __all__ = [
     "export_saved_model",
     "export_dual_path",
     "export_region_phrase_model",
+    "export_fragment_model",
     "save_module_atomically",
     "TowerServingModule",
     "TwoBranchServingModule",
     "DualPathServingModule",
     "RegionPhraseServingModule",
+    "FragmentServingModule",
     "embed_with_keras",
     "warmup_jpeg",
     "BOX_CONVENTIONS",

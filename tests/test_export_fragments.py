@@ -1,0 +1,196 @@
+"""SavedModel export of the deep-fragment-embedding model: Keras-equal outputs, string look-up,
+clear errors, warm-up, saved_model_cli."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_twobranch.errors import ConfigError
+from tf_twobranch.export.fragment_embedding import export_fragment_model
+from tf_twobranch.export.serving import read_warmup_requests
+from tf_twobranch.losses.fragment import fragment_scores, global_scores
+from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+IA = tf.errors.InvalidArgumentError
+RELATIONS = ["nsubj", "dobj", "prep_in"]
+WORDS = ["a", "dog", "runs", "in", "the", "park", "red"]
+# Not the defaults (5, "paper"): the export must follow the model's configuration.
+CONFIG = FragmentEmbeddingConfig(image_dim=6, num_relations=3, vocabulary_size=7, word_dim=4, embed_dim=5,
+                                 smoothing=2.0, normaliser="code")
+SIGNATURES = ["embed_image_fragments", "embed_sentence_fragments", "embed_sentence_fragment_strings", "score",
+              "alignment", "serving_default"]
+
+
+def _model():
+    rng = np.random.default_rng(0)
+    model = build_fragment_model(CONFIG, rng.normal(size=(7, 4)))
+    # Non-zero biases, so that a dropped bias would show.
+    model.image_projection.bias.assign(rng.normal(size=5).astype(np.float32))
+    encoder = model.sentence_encoder
+    encoder.relation_bias.assign(rng.normal(size=encoder.relation_bias.shape).astype(np.float32) * 0.5)
+    return model
+
+
+def _request(seed=1, bi=3, m=4, bs=2, f=5):
+    rng = np.random.default_rng(seed)
+    image_mask = rng.random((bi, m)) < 0.7
+    image_mask[:, 0] = True
+    image_mask[-1, 1:] = False
+    sentence_mask = rng.random((bs, f)) < 0.7
+    sentence_mask[:, 0] = True
+    return {"image_fragments": rng.normal(size=(bi, m, 6)).astype(np.float32), "image_mask": image_mask,
+            "relation": rng.integers(0, 3, (bs, f)).astype(np.int32),
+            "word1": rng.integers(0, 7, (bs, f)).astype(np.int32),
+            "word2": rng.integers(0, 7, (bs, f)).astype(np.int32), "sentence_mask": sentence_mask}
+
+
+def _keras_outputs(model, r):
+    v = model.embed_image_fragments(r["image_fragments"])
+    s = model.embed_sentence_fragments(r["relation"], r["word1"], r["word2"])
+    scores = global_scores(v, r["image_mask"], s, r["sentence_mask"], smoothing=model.config.smoothing,
+                           normaliser=model.config.normaliser).numpy()
+    valid = r["image_mask"][:, :, None, None] & r["sentence_mask"][None, None, :, :]
+    alignment = np.where(valid, fragment_scores(v, s).numpy(), 0.0)
+    return v.numpy(), s.numpy(), scores, alignment
+
+
+def _call(loaded, signature, inputs):
+    return {k: v.numpy() for k, v in loaded.signatures[signature](
+        **{name: tf.constant(value) for name, value in inputs.items()}).items()}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = _model()
+    export_dir = export_fragment_model(model, tmp_path_factory.mktemp("fragments") / "export",
+                                       relations=RELATIONS, words=WORDS, run_config={"experiment": "test"})
+    return model, export_dir, tf.saved_model.load(str(export_dir))
+
+
+def test_signatures_equal_the_keras_model(exported):
+    model, _, loaded = exported
+    assert set(loaded.signatures) == set(SIGNATURES)
+    r = _request()
+    v, s, scores, alignment = _keras_outputs(model, r)
+    assert np.abs(scores).max() > 1e-3 and np.abs(alignment).max() > 1e-3   # not vacuous
+    got = _call(loaded, "embed_image_fragments", {"image_fragments": r["image_fragments"]})
+    np.testing.assert_allclose(got["image_fragment_embedding"], v, atol=1e-5)
+    got = _call(loaded, "embed_sentence_fragments", {k: r[k] for k in ("relation", "word1", "word2")})
+    np.testing.assert_allclose(got["sentence_fragment_embedding"], s, atol=1e-5)
+    for name in ("score", "serving_default"):
+        got = _call(loaded, name, r)
+        assert got["scores"].shape == (3, 2)
+        np.testing.assert_allclose(got["scores"], scores, atol=1e-5)
+    got = _call(loaded, "alignment", r)
+    assert got["fragment_scores"].shape == (3, 4, 2, 5)
+    np.testing.assert_allclose(got["fragment_scores"], alignment, atol=1e-5)
+    # Padding is ignored: any id (here -1) and any feature (here NaN) under a False mask.
+    padded = dict(r, relation=np.where(r["sentence_mask"], r["relation"], -1),
+                  word1=np.where(r["sentence_mask"], r["word1"], 99),
+                  image_fragments=np.where(r["image_mask"][:, :, None], r["image_fragments"], np.nan))
+    np.testing.assert_allclose(_call(loaded, "score", padded)["scores"], scores, atol=1e-5)
+    np.testing.assert_allclose(_call(loaded, "alignment", padded)["fragment_scores"], alignment, atol=1e-5)
+
+
+def test_string_signature_equals_id_signature(exported):
+    _, _, loaded = exported
+    relation = [["nsubj", "dobj", ""], ["prep_in", " nsubj ", ""]]
+    word1 = [["Dog", "runs", ""], ["in", "the", "  "]]
+    word2 = [["a", "PARK", ""], ["red", "dog", ""]]
+    got = _call(loaded, "embed_sentence_fragment_strings", {"relation": relation, "word1": word1,
+                                                            "word2": word2})["sentence_fragment_embedding"]
+    ids = {"relation": np.array([[0, 1, 0], [2, 0, 0]], np.int32),
+           "word1": np.array([[1, 2, 0], [3, 4, 0]], np.int32), "word2": np.array([[0, 5, 0], [6, 1, 0]], np.int32)}
+    want = _call(loaded, "embed_sentence_fragments", ids)["sentence_fragment_embedding"]
+    np.testing.assert_allclose(got[:, :2], want[:, :2], atol=1e-6)
+    assert np.abs(got[:, :2]).max() > 0
+    np.testing.assert_array_equal(got[:, 2], 0.0)   # padding
+
+
+@pytest.mark.parametrize("signature,change,message", [
+    ("embed_image_fragments", {"image_fragments": np.zeros((2, 3, 5), np.float32)},
+     r"image_fragments must have shape \(batch, fragments, 6\); got shape\] \[2 3 5\]"),
+    ("embed_image_fragments", {"image_fragments": np.zeros((2, 6), np.float32)},
+     r"image_fragments must have shape \(batch, fragments, 6\)"),
+    ("embed_image_fragments", {"image_fragments": np.zeros((0, 2, 6), np.float32)}, "image_fragments is empty"),
+    ("embed_image_fragments", {"image_fragments": np.full((1, 2, 6), np.inf, np.float32)}, "NaN or inf"),
+    ("embed_sentence_fragments", {"word2": np.array([[1, 7]], np.int32)},
+     r"word2 must hold word ids \(the rows of the word-vector matrix W_e\) in \[0, 7\); got\] \[7\] "
+     r"\[at \[row, column\]\] \[0 1\]"),
+    ("embed_sentence_fragments", {"relation": np.array([[-1, 0]], np.int32)}, r"relation must hold relation ids"),
+    ("embed_sentence_fragments", {"word1": np.array([[1, 2, 3]], np.int32)}, "word1 must have the shape of relation"),
+    ("embed_sentence_fragment_strings", {"word1": [["dog", "cat"]]},
+     r"word1: unknown value\] \[cat\] \[at \[row, column\]\] \[0 1\].*vocabulary"),
+    ("embed_sentence_fragment_strings", {"relation": [["nsubj", "amod"]]},
+     r"relation: unknown value\] \[amod\].*nsubj, dobj, prep_in"),
+    ("embed_sentence_fragment_strings", {"word2": [["dog", ""]]}, "padding only when relation, word1 and word2"),
+    ("score", {"word1": np.array([[0, 9]], np.int32)}, r"word1 must hold word ids .* in \[0, 7\)"),
+    ("score", {"sentence_mask": np.ones((1, 3), bool)},
+     r"sentence_mask must have the shape of the first two dimensions of relation"),
+    ("score", {"image_mask": np.ones((2,), bool)}, "image_mask must have the shape"),
+    ("alignment", {"image_fragments": np.ones((2, 2, 4), np.float32)}, r"image_fragments must have shape"),
+])
+def test_bad_inputs_fail_with_clear_messages(exported, signature, change, message):
+    _, _, loaded = exported
+    ids = {"relation": np.array([[0, 1]], np.int32), "word1": np.array([[1, 2]], np.int32),
+           "word2": np.array([[3, 4]], np.int32)}
+    base = {"embed_image_fragments": {"image_fragments": np.zeros((2, 2, 6), np.float32)},
+            "embed_sentence_fragments": ids,
+            "embed_sentence_fragment_strings": {"relation": [["nsubj", "dobj"]], "word1": [["dog", "a"]],
+                                                "word2": [["runs", "park"]]},
+            "score": {"image_fragments": np.zeros((2, 2, 6), np.float32), "image_mask": np.ones((2, 2), bool),
+                      **ids, "sentence_mask": np.ones((1, 2), bool)}}
+    base["alignment"] = base["score"]
+    _call(loaded, signature, base[signature])   # the unchanged request is valid
+    with pytest.raises(IA, match=message):
+        _call(loaded, signature, {**base[signature], **change})
+
+
+def test_saved_model_keeps_names_config_and_warmup(exported):
+    model, export_dir, loaded = exported
+    assert [w.decode() for w in loaded.words.numpy()] == WORDS
+    assert [r.decode() for r in loaded.relations.numpy()] == RELATIONS
+    assert json.loads(loaded.config_json.numpy().decode()) == model.config.to_dict()
+    run_config = json.loads((export_dir / "assets.extra" / "run_config.json").read_text())
+    assert run_config["experiment"] == "test"
+    assert run_config["fragment_export"]["relations"] == RELATIONS
+    requests = read_warmup_requests(export_dir)
+    assert sorted(name for name, _ in requests) == sorted(SIGNATURES)
+    for name, inputs in requests:
+        if name in ("score", "serving_default"):
+            want = _keras_outputs(model, inputs)[2]
+            np.testing.assert_allclose(_call(loaded, name, inputs)["scores"], want, atol=1e-5)
+
+
+def test_names_must_fit_the_model(exported, tmp_path):
+    model, export_dir, _ = exported
+    with pytest.raises(ConfigError, match="relations: got 2 names but the model's num_relations is 3"):
+        export_fragment_model(model, tmp_path / "a", relations=RELATIONS[:2], words=WORDS)
+    with pytest.raises(ConfigError, match=r"words: names must be unique; repeated: \['dog'\]"):
+        export_fragment_model(model, tmp_path / "b", relations=RELATIONS, words=WORDS[:-1] + ["dog"])
+    with pytest.raises(FileExistsError):
+        export_fragment_model(model, export_dir, relations=RELATIONS, words=WORDS, overwrite=False)
+
+
+@pytest.mark.slow
+def test_saved_model_cli_run_score(exported, tmp_path):
+    """`saved_model_cli run` on ``score`` (TF1-style loader, as TF Serving) returns the Keras scores."""
+    model, export_dir, _ = exported
+    r = _request(seed=3)
+    for name, value in r.items():
+        np.save(tmp_path / f"{name}.npy", value)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "run", "--dir", str(export_dir),
+               "--tag_set", "serve", "--signature_def", "score",
+               "--inputs", ";".join(f"{name}={tmp_path / f'{name}.npy'}" for name in r),
+               "--outdir", str(tmp_path / "out")]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "scores.npy"), _keras_outputs(model, r)[2], atol=1e-5)
