@@ -9,6 +9,14 @@
 * Objective (eq. 3): C_F + β·C_G + α‖θ‖² (`tf_twobranch.losses.fragment`),
   C_F the fragment alignment objective with MIL labels once ``mil`` is on
   (the experiment switches it on for the paper's second stage).
+* CNN fine-tuning (§4, the second stage): with ``image_head_dim`` the image
+  input is the activation *below* the CNN's top layer and the model owns that
+  layer (`image_head`, initialised from the CNN, frozen in the first stage),
+  so the top of the CNN is trained with the embedding.
+* The DeViSE baseline (§4.1, ``representation="devise"``): one fragment per
+  side, the mean of an image's fragment CNN features (mapped by W_m into the
+  word space) and the mean of a sentence's L2-normalised word vectors, with
+  the global objective only.
 
 Inputs are padded batches: ``image_fragments`` (B, M, D) float with
 ``image_mask`` (B, M); ``relation``, ``word1``, ``word2`` (B, F) int with
@@ -27,7 +35,9 @@ from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses import fragment as fragment_losses
 
-__all__ = ["FragmentEmbeddingConfig", "SentenceFragmentEncoder", "FragmentEmbeddingModel",
+REPRESENTATIONS = ("fragments", "devise")
+
+__all__ = ["REPRESENTATIONS", "FragmentEmbeddingConfig", "SentenceFragmentEncoder", "FragmentEmbeddingModel",
            "build_fragment_model", "save_fragment_config", "load_fragment_config"]
 
 
@@ -48,6 +58,8 @@ class FragmentEmbeddingConfig:
     class_balanced: bool = False   # the code's weighting of C_0
     use_fragment_objective: bool = True
     use_global_objective: bool = True
+    representation: str = "fragments"   # "devise": one mean fragment per side (§4.1)
+    image_head_dim: int = 0        # > 0: the CNN's top layer (image_dim -> this) is part of the model
 
     def validate(self) -> None:
         for name in ("image_dim", "num_relations", "vocabulary_size", "word_dim", "embed_dim"):
@@ -58,6 +70,15 @@ class FragmentEmbeddingConfig:
                               f"got {self.normaliser!r}")
         if not (self.use_fragment_objective or self.use_global_objective):
             raise ConfigError("at least one of the fragment and global objectives must be on")
+        if self.representation not in REPRESENTATIONS:
+            raise ConfigError(f"representation must be one of {REPRESENTATIONS}, got {self.representation!r}")
+        if self.image_head_dim < 0:
+            raise ConfigError(f"image_head_dim must be >= 0, got {self.image_head_dim}")
+
+    @property
+    def joint_dim(self) -> int:
+        """Size of the fragment embeddings: h, or the word-vector size for DeViSE."""
+        return self.word_dim if self.representation == "devise" else self.embed_dim
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -103,14 +124,21 @@ class SentenceFragmentEncoder(keras.layers.Layer):
     def call(self, relation, word1, word2):
         words = tf.concat([tf.gather(self.word_vectors, word1), tf.gather(self.word_vectors, word2)],
                           axis=-1)                                  # (..., 2d)
-        kind = tf.zeros_like(relation) if self.shared_relation_weights else relation
         if self.shared_relation_weights:
             out = tf.tensordot(words, self.relation_kernel[0], axes=1) + self.relation_bias[0]
         else:
-            # One matmul for every relation's weights, then each triplet keeps
-            # its own relation's row: (..., R, h) is small next to W_R itself.
-            per_relation = tf.einsum("...d,rdh->...rh", words, self.relation_kernel) + self.relation_bias
-            out = tf.gather(per_relation, kind, batch_dims=len(kind.shape))
+            # Fragments grouped by relation, one matmul per relation, then put
+            # back in place: exactly one W_R product per fragment. (An einsum
+            # over all relations costs R times the work, and its gradient
+            # materialises a fragments x R x 2d x h tensor.)
+            shape = tf.shape(relation)
+            flat_words = tf.reshape(words, [-1, 2 * self.word_dim])
+            flat_relation = tf.reshape(tf.cast(relation, tf.int32), [-1])
+            positions = tf.range(tf.shape(flat_relation)[0])
+            groups = tf.dynamic_partition(flat_words, flat_relation, self.num_relations)
+            places = tf.dynamic_partition(positions, flat_relation, self.num_relations)
+            outs = [tf.matmul(g, self.relation_kernel[r]) + self.relation_bias[r] for r, g in enumerate(groups)]
+            out = tf.reshape(tf.dynamic_stitch(places, outs), tf.concat([shape, [self.units]], 0))
         return tf.nn.relu(out)
 
     def get_config(self):
@@ -126,10 +154,15 @@ class FragmentEmbeddingModel(keras.Model):
         super().__init__(**kwargs)
         config.validate()
         self.config = config
-        self.image_projection = keras.layers.Dense(config.embed_dim, name="image_projection")
+        self.image_head = (keras.layers.Dense(config.image_head_dim, name="image_head")
+                           if config.image_head_dim else None)
+        self.image_projection = keras.layers.Dense(config.joint_dim, name="image_projection")
         self.sentence_encoder = SentenceFragmentEncoder(
             config.vocabulary_size, config.word_dim, config.num_relations, config.embed_dim,
             config.shared_relation_weights, name="sentence_encoder")
+        if config.representation == "devise":
+            # DeViSE's sentence side is the fixed mean word vector: no W_R to train.
+            self.sentence_encoder.trainable = False
         # MIL labels (eq. 5) from the second stage on; a variable so that the
         # switch needs no retracing.
         self.mil = tf.Variable(False, trainable=False, name="mil")
@@ -138,44 +171,76 @@ class FragmentEmbeddingModel(keras.Model):
         self.global_tracker = keras.metrics.Mean(name="global_objective")
 
     def build_all(self) -> "FragmentEmbeddingModel":
-        self.image_projection.build((None, None, self.config.image_dim))
+        cnn_dim = self.config.image_dim
+        if self.image_head is not None:
+            self.image_head.build((None, None, cnn_dim))
+            cnn_dim = self.config.image_head_dim
+        self.image_projection.build((None, None, cnn_dim))
         self.sentence_encoder.build()
         self.built = True
         return self
 
     # ------------------------------------------------------------------ towers
     def embed_image_fragments(self, image_fragments, training=False):
-        return self.image_projection(image_fragments, training=training)
+        """v of every image fragment: (..., image_dim) CNN inputs -> (..., joint_dim)."""
+        x = image_fragments
+        if self.image_head is not None:
+            x = self.image_head(x, training=training)
+        return self.image_projection(x, training=training)
 
     def embed_sentence_fragments(self, relation, word1, word2, training=False):
+        """s of every sentence fragment (eq. 1)."""
         return self.sentence_encoder(relation, word1, word2, training=training)
 
+    def embed_images(self, image_fragments, image_mask, training=False):
+        """(v (B, M, h), mask (B, M)); DeViSE: one fragment, the mean CNN feature, (B, 1, h)."""
+        if self.config.representation != "devise":
+            return self.embed_image_fragments(image_fragments, training), tf.cast(image_mask, tf.bool)
+        weights = tf.cast(image_mask, image_fragments.dtype)[..., None]
+        mean = tf.reduce_sum(image_fragments * weights, axis=1, keepdims=True) / tf.maximum(
+            tf.reduce_sum(weights, axis=1, keepdims=True), 1.0)
+        return (self.embed_image_fragments(mean, training),
+                tf.reduce_any(tf.cast(image_mask, tf.bool), axis=1, keepdims=True))
+
+    def embed_sentences(self, relation, word1, word2, sentence_mask, training=False):
+        """(s (B, F, h), mask (B, F)); DeViSE: the mean of the L2-normalised vectors of the
+        fragments' first words (one per word with BOW fragments), (B, 1, word_dim)."""
+        if self.config.representation != "devise":
+            return (self.embed_sentence_fragments(relation, word1, word2, training),
+                    tf.cast(sentence_mask, tf.bool))
+        words = tf.math.l2_normalize(tf.gather(self.sentence_encoder.word_vectors, word1), axis=-1)
+        weights = tf.cast(sentence_mask, words.dtype)[..., None]
+        mean = tf.reduce_sum(words * weights, axis=1, keepdims=True) / tf.maximum(
+            tf.reduce_sum(weights, axis=1, keepdims=True), 1.0)
+        return mean, tf.reduce_any(tf.cast(sentence_mask, tf.bool), axis=1, keepdims=True)
+
     def call(self, inputs, training=False):
-        v = self.embed_image_fragments(inputs["image_fragments"], training)
-        s = self.embed_sentence_fragments(inputs["relation"], inputs["word1"], inputs["word2"], training)
-        return fragment_losses.global_scores(v, inputs["image_mask"], s, inputs["sentence_mask"],
-                                             smoothing=self.config.smoothing,
+        v, vm = self.embed_images(inputs["image_fragments"], inputs["image_mask"], training)
+        s, sm = self.embed_sentences(inputs["relation"], inputs["word1"], inputs["word2"],
+                                     inputs["sentence_mask"], training)
+        return fragment_losses.global_scores(v, vm, s, sm, smoothing=self.config.smoothing,
                                              normaliser=self.config.normaliser)
 
     # ------------------------------------------------------------------ loss
     def objective(self, batch, training=True) -> dict:
         c = self.config
-        v = self.embed_image_fragments(batch["image_fragments"], training)
-        s = self.embed_sentence_fragments(batch["relation"], batch["word1"], batch["word2"], training)
+        v, image_mask = self.embed_images(batch["image_fragments"], batch["image_mask"], training)
+        s, sentence_mask = self.embed_sentences(batch["relation"], batch["word1"], batch["word2"],
+                                                batch["sentence_mask"], training)
         scores = fragment_losses.fragment_scores(v, s)
         terms = {"fragment_objective": tf.constant(0.0), "global_objective": tf.constant(0.0)}
         if c.use_fragment_objective:
             labels = tf.cond(self.mil,
                              lambda: fragment_losses.fragment_alignment_labels(
-                                 scores, batch["image_mask"], batch["sentence_mask"], mil=True),
+                                 scores, image_mask, sentence_mask, mil=True),
                              lambda: fragment_losses.fragment_alignment_labels(
-                                 scores, batch["image_mask"], batch["sentence_mask"], mil=False))
+                                 scores, image_mask, sentence_mask, mil=False))
             terms["fragment_objective"] = fragment_losses.fragment_alignment_objective(
-                scores, labels, batch["image_mask"], batch["sentence_mask"],
+                scores, labels, image_mask, sentence_mask,
                 margin=c.fragment_margin, class_balanced=c.class_balanced)
         if c.use_global_objective:
             global_scores = fragment_losses.global_scores_from_fragment_scores(
-                scores, batch["image_mask"], batch["sentence_mask"], smoothing=c.smoothing,
+                scores, image_mask, sentence_mask, smoothing=c.smoothing,
                 normaliser=c.normaliser)
             terms["global_objective"] = fragment_losses.global_ranking_objective(
                 global_scores, margin=c.global_margin)
