@@ -69,12 +69,12 @@ def define_data_flags(fv, *, dataset_help: str, caption_formats: Sequence[str] |
                              lower_bound=0, **d)
 
 
-def define_word_vector_flags(fv, *, word_dim_help: str) -> None:
+def define_word_vector_flags(fv, *, word_dim_help: str, word_dim: int = 300) -> None:
     """--word_vectors (a local file; nothing is downloaded) and --word_dim."""
     d = dict(flag_values=fv)
     flags.DEFINE_string("word_vectors", "", "Local word2vec (binary/text, e.g. GoogleNews .bin) or "
                         "GloVe text file; empty: trained on the training captions.", **d)
-    flags.DEFINE_integer("word_dim", 300, word_dim_help, lower_bound=2, **d)
+    flags.DEFINE_integer("word_dim", word_dim, word_dim_help, lower_bound=2, **d)
 
 
 def define_feature_flags(fv, *, text_encoders: Sequence[str], image_help: str,

@@ -93,32 +93,44 @@ def cache_digest(d: dict) -> str:
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def train_scene_cnn_backbone(spec: FeatureSpec, train: CaptionCorpus, layout: DatasetLayout,
+                             train_paths=None):
+    """The scene CNN of `spec` trained on the training images and captions (and, when the
+    layout has a Flickr30K Entities folder, the crops of their annotated boxes).
+
+    Returns ``(backbone, image_size)``: the feature extractor and the side of
+    the square images it was trained on.
+    """
+    if train_paths is None:
+        train_paths = layout.image_paths(train.image_ids, file_names=getattr(train, "file_names", None),
+                                         source=train.source)
+    # Square images of one size (the embedded data) are used as they are;
+    # real images of mixed sizes are resized to 96x96 (load_images_at_size).
+    images = load_images_at_size(train_paths)
+    tokens = [[tokenize_caption(c) for c in caps] for caps in train.captions_by_image()]
+    regions = (entity_region_crops(layout.entities_dir, train.image_ids, images, image_paths=train_paths)
+               if layout.entities_dir is not None else None)
+    if regions is None:
+        return train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed), images.shape[1]
+    # Region supervision (the analogue of the paper's backbone being
+    # fine-tuned on detection boxes): crops of the training boxes,
+    # filled by their object, make object shapes learnable.  Epochs
+    # are scaled so the number of training samples stays that of
+    # `scene_cnn_epochs` passes over the images alone.
+    crops, phrase_tokens = regions
+    epochs = max(1, round(spec.scene_cnn_epochs * len(images) / (len(images) + len(crops))))
+    backbone = train_scene_cnn(images, tokens, epochs=epochs, seed=spec.seed,
+                               region_crops=crops, region_token_lists=phrase_tokens,
+                               binary_targets=True)
+    return backbone, images.shape[1]
+
+
 def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
                     layout: DatasetLayout) -> dict[str, np.ndarray]:
     paths = {s: layout.image_paths(c.image_ids, file_names=getattr(c, "file_names", None), source=c.source)
              for s, c in splits.items()}
     if spec.image_backbone == "scene_cnn":
-        train = splits["train"]
-        # Square images of one size (the embedded data) are used as they are;
-        # real images of mixed sizes are resized to 96x96 (load_images_at_size).
-        images = load_images_at_size(paths["train"])
-        tokens = [[tokenize_caption(c) for c in caps] for caps in train.captions_by_image()]
-        regions = (entity_region_crops(layout.entities_dir, train.image_ids, images, image_paths=paths["train"])
-                   if layout.entities_dir is not None else None)
-        if regions is None:
-            backbone = train_scene_cnn(images, tokens, epochs=spec.scene_cnn_epochs, seed=spec.seed)
-        else:
-            # Region supervision (the analogue of the paper's backbone being
-            # fine-tuned on detection boxes): crops of the training boxes,
-            # filled by their object, make object shapes learnable.  Epochs
-            # are scaled so the number of training samples stays that of
-            # `scene_cnn_epochs` passes over the images alone.
-            crops, phrase_tokens = regions
-            epochs = max(1, round(spec.scene_cnn_epochs * len(images) / (len(images) + len(crops))))
-            backbone = train_scene_cnn(images, tokens, epochs=epochs, seed=spec.seed,
-                                       region_crops=crops, region_token_lists=phrase_tokens,
-                                       binary_targets=True)
-        size = images.shape[1]
+        backbone, size = train_scene_cnn_backbone(spec, splits["train"], layout, paths["train"])
         # Ten crops of 7/8 of the image, as 224 of 256 in the paper; every
         # file (any size) is resized to size x size first, as in training.
         kwargs = dict(crop_size=size * 7 // 8, resize_to=size) if spec.ten_crop else {}

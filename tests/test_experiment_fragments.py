@@ -1,0 +1,178 @@
+"""End-to-end: the deep-fragment-embedding experiment (Karpathy et al. Tables 2-3) on tiny embedded data."""
+import json
+
+import numpy as np
+import pytest
+
+from experiments import common
+from experiments import fragment_embeddings as fe
+from tf_twobranch.data.embedded import generate_embedded_dataset
+
+TINY = ["--word_dim=8", "--embed_dim=16", "--epochs=4", "--batch_size=20", "--scene_cnn_epochs=1",
+        "--verbose=0", "--class_balanced", "--learning_rate=0.001"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    return generate_embedded_dataset(tmp_path_factory.mktemp("data") / "scenes", num_images=120,
+                                     splits=(80, 10, 30), num_proposals=30)
+
+
+def run_row(cfg, dataset, run_dir, *extra):
+    fv = common.parse_flagfile(fe.define_flags, str(common.resolve_config(cfg)),
+                               [f"--dataset_dir={dataset}", *TINY, f"--run_dir={run_dir}", *extra])
+    return fe.run(fv)
+
+
+@pytest.fixture(scope="module")
+def mil_run(tiny_dataset, tmp_path_factory):
+    """The † + MIL row, trained once for the tests of this module (with its export)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "mil"
+    return run_row("karpathy_table2_fragment_global_mil", tiny_dataset, run_dir), run_dir
+
+
+def test_every_karpathy_flagfile_parses_with_its_paper_numbers():
+    configs = sorted(common.CONFIG_DIR.glob("karpathy_table*_*.cfg"))
+    assert len(configs) >= 17
+    for cfg in configs:
+        fv = common.parse_flagfile(fe.define_flags, str(cfg))
+        assert fv.row_name and len(common.paper_numbers(fv.paper_results)) == 8, cfg
+        assert fv.paper_dataset == ("Flickr8K" if "table2" in cfg.name else "Flickr30K")
+
+
+def _check_metrics(m):
+    for side in ("i2t", "t2i"):
+        assert 0 <= m[f"{side}_r1"] <= m[f"{side}_r5"] <= m[f"{side}_r10"] <= 100
+        assert m[f"{side}_medr"] >= 1 and m[f"{side}_meanr"] >= 1
+
+
+def test_mil_row_trains_two_stages_evaluates_and_exports(mil_run):
+    record, run_dir = mil_run
+    assert [(s["stage"], s["epochs"], s["mil"]) for s in record["stages"]] == [(1, [0, 2], False), (2, [2, 4], True)]
+    _check_metrics(record["metrics"])
+    assert record["num_eval_images"] == 30 and record["num_eval_captions"] == 150
+    assert record["fragments"]["relation_types_after_filter"] >= 5
+    written = json.loads((run_dir / "results.json").read_text())
+    assert written["metrics"] == record["metrics"]
+    assert (run_dir / "export" / "saved_model.pb").is_file()
+    # The reloaded row scores exactly what the run reported.
+    f, splits, images, text, model = fe.load_row(run_dir)
+    again = fe.evaluate(model, fe.image_inputs(images["test"], model.config), images["test"].mask,
+                        text.splits["test"], splits["test"].caption_image, "full")
+    assert again == pytest.approx(record["metrics"])
+
+
+def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_dataset, tmp_path, capsys):
+    f = common.parse_flagfile(fe.define_flags, "/dev/null", [
+        f"--dataset_dir={tiny_dataset}", *TINY, f"--runs_dir={tmp_path}", "--table=2",
+        "--rows=karpathy_table2_random_ranking,karpathy_table2_devise,karpathy_table2_star_fragment_global_mil",
+        "--epochs=2", "--noexport"])
+    out = fe.run_rows(f)
+    printed = capsys.readouterr().out
+    assert "Random Ranking" in printed and "DeViSE" in printed and "(paper)" in printed
+    rows = out["rows"]
+    assert set(rows) == {"karpathy_table2_random_ranking", "karpathy_table2_devise",
+                         "karpathy_table2_star_fragment_global_mil"}
+    chance = rows["karpathy_table2_random_ranking"]["metrics"]
+    assert chance["i2t_r10"] < 60 and chance["t2i_r10"] < 60      # 30 images: R@10 chance is about 1/3
+    # The * protocol keeps each image's first sentence: 30 queries each way.
+    star = json.loads((tmp_path / "karpathy_star_fragment_global_mil" / "results.json").read_text())
+    assert star["protocol"] == "first_caption"
+    _check_metrics(star["metrics"])
+    assert json.loads((tmp_path / "karpathy_tables.json").read_text())["table2"].startswith("Karpathy")
+
+
+def test_fine_tuned_cnn_trains_the_top_layer_in_the_second_stage_only(tiny_dataset, tmp_path):
+    run_dir = tmp_path / "ft"
+    record = run_row("karpathy_table3_fine_tuned_cnn", tiny_dataset, run_dir, "--epochs=2", "--noexport")
+    assert [s["cnn_trained"] for s in record["stages"]] == [False, True]
+    f, splits, images, text, model = fe.load_row(run_dir)
+    folded_kernel, _ = images["train"].head
+    assert model.config.image_head_dim == folded_kernel.shape[1]
+    assert not np.allclose(model.image_head.get_weights()[0], folded_kernel)
+    import h5py
+    with h5py.File(run_dir / "stage1" / "checkpoints" / "latest.weights.h5", "r") as h5:
+        kernels = []
+        h5.visititems(lambda name, obj: kernels.append(np.asarray(obj)) if "image_head" in name
+                      and isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None)
+    assert kernels and np.allclose(kernels[0], folded_kernel, atol=1e-6)
+
+
+def test_sentences_left_without_fragments_are_counted_and_scored(tiny_dataset, tmp_path):
+    # Word vectors for a handful of words: most fragments lose a word, many sentences all of them.
+    vectors = tmp_path / "few_words.txt"
+    rng = np.random.default_rng(0)
+    vectors.write_text("".join(f"{w} " + " ".join(f"{x:.3f}" for x in rng.normal(size=8)) + "\n"
+                               for w in ("a", "red", "blue", "seven", "two")))
+    record = run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "r",
+                     f"--word_vectors={vectors}", "--epochs=1", "--noexport")
+    stats = record["fragments"]
+    assert 0 < stats["test_sentences_without_fragments"] < record["num_eval_captions"]
+    assert stats["test_fragments_per_sentence"] < 2
+    _check_metrics(record["metrics"])
+
+
+def test_bad_inputs_get_clear_errors(tiny_dataset, tmp_path):
+    bad = tmp_path / "frag.npy"
+    np.save(bad, np.zeros((5, 20, 4), np.float32))
+    with pytest.raises(Exception, match=r"frag\.npy.*5 images of fragment features, expected 80"):
+        run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "a",
+                f"--fragment_features=train={bad},test={bad}")
+    with pytest.raises(common.UserInputError, match="split=path"):
+        run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "b", f"--fragment_features={bad}")
+    with pytest.raises(common.UserInputError, match="--parses=.*missing.conllu: file not found"):
+        run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "c",
+                f"--parses={tmp_path / 'missing.conllu'}")
+    good = tmp_path / "train.npy"
+    np.save(good, np.ones((80, 20, 4), np.float32))
+    test = tmp_path / "test.npy"
+    np.save(test, np.ones((30, 20, 4), np.float32))
+    with pytest.raises(common.UserInputError, match="fine_tune_cnn.*scene_cnn"):
+        run_row("karpathy_table3_fine_tuned_cnn", tiny_dataset, tmp_path / "d",
+                f"--fragment_features=train={good},test={test}")
+
+
+def test_draw_fragments_writes_the_alignment_picture_of_a_test_image(mil_run, tmp_path):
+    from PIL import Image
+
+    from experiments import draw_fragments
+
+    _, run_dir = mil_run
+    paths = draw_fragments.draw_fragments(run_dir, tmp_path / "figures", image_indices=[1], top_sentences=3)
+    assert len(paths) == 1 and paths[0].parent == tmp_path / "figures"
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[0].stat().st_size > 10_000
+    pixels = np.asarray(Image.open(paths[0]).convert("RGB"))
+    assert pixels.shape[0] >= 384 and pixels.shape[1] >= 384   # the 96×96 scene upscaled
+    assert pixels.reshape(-1, 3).std(axis=0).max() > 10
+    assert not list((tmp_path / "figures").glob(".tmp_*"))     # written through a renamed temp file
+    with pytest.raises(common.UserInputError, match=r"image index 30 is out of range.*0\.\.29"):
+        draw_fragments.draw_fragments(run_dir, tmp_path / "none", image_indices=[30])
+
+
+def test_best_image_fragments_skips_padding_on_both_sides():
+    from tf_twobranch.evaluation.fragment_alignment import best_image_fragments
+
+    scores = np.array([[0.1, -2.0, 0.3, 9.0],
+                       [0.5, -1.0, 0.3, 9.0],
+                       [0.2, -3.0, 0.7, 9.0],
+                       [9.0, 9.0, 9.0, 9.0]])          # a padded image fragment: never chosen
+    best, best_scores = best_image_fragments(scores, np.array([True, True, True, False]),
+                                             np.array([True, True, True, False]))
+    np.testing.assert_array_equal(best, [1, 1, 2, -1])
+    np.testing.assert_allclose(best_scores[:3], [0.5, -1.0, 0.7])
+    assert np.isnan(best_scores[3])
+    tie, _ = best_image_fragments(np.zeros((3, 2)))
+    np.testing.assert_array_equal(tie, [0, 0])       # ties: the whole image (fragment 0)
+    with pytest.raises(common.UserInputError, match="masks must be"):
+        best_image_fragments(scores, np.ones(3, bool))
+
+
+def test_draw_fragments_names_what_is_wrong_with_the_run_folder(tmp_path):
+    from experiments import draw_fragments
+
+    with pytest.raises(common.UserInputError, match="no results.json"):
+        draw_fragments.draw_fragments(tmp_path, tmp_path / "out")
+    common.write_json(tmp_path / "results.json", {"row": "Random Ranking", "flags": {}, "stages": []})
+    with pytest.raises(common.UserInputError, match="no trained stage"):
+        draw_fragments.draw_fragments(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

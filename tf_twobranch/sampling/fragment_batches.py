@@ -1,0 +1,98 @@
+"""Training batches of the deep fragment embeddings (Karpathy et al., NIPS 2014, §3.4).
+
+As the authors' code (`DeFragRun.m`): every step draws `batch_size`
+*distinct* training images at random and one random sentence of each; an
+epoch is ``ceil(num_sentences / batch_size)`` steps (one pass's worth of
+sentences). Image k of a batch is paired with sentence k (the positive bag of
+the fragment objective and the diagonal of the global ranking objective).
+
+Every draw is a stateless function of (seed, step), so a resumed run sees
+the same batches. The split's arrays live in the graph once; a step only
+gathers its rows, padded to the split's longest sentence so every batch has
+one shape (no retracing).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from tf_twobranch.errors import ConfigError
+
+__all__ = ["steps_per_epoch", "padded_sentence_arrays", "batch_indices", "train_dataset"]
+
+
+def steps_per_epoch(num_sentences: int, batch_size: int) -> int:
+    return max(1, math.ceil(num_sentences / batch_size))
+
+
+def padded_sentence_arrays(relation, word1, word2, row_splits) -> dict[str, np.ndarray]:
+    """(S, F_max) id arrays and mask of ragged sentence fragments (F_max >= 1)."""
+    row_splits = np.asarray(row_splits, np.int64)
+    lengths = np.diff(row_splits)
+    width = max(1, int(lengths.max(initial=0)))
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    out = {"sentence_mask": mask}
+    for name, values in (("relation", relation), ("word1", word1), ("word2", word2)):
+        padded = np.zeros(mask.shape, np.int32)
+        padded[mask] = np.asarray(values, np.int32)
+        out[name] = padded
+    return out
+
+
+def _sentences_by_image(caption_image: np.ndarray, num_images: int):
+    order = np.argsort(caption_image, kind="stable").astype(np.int32)
+    counts = np.bincount(caption_image, minlength=num_images)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+    return order, starts, counts.astype(np.int32)
+
+
+def batch_indices(caption_image, num_images: int, batch_size: int, step, seed: int):
+    """(image rows, sentence rows) of one step: distinct images, a random sentence of each."""
+    caption_image = np.asarray(caption_image, np.int64)
+    order, starts, counts = _sentences_by_image(caption_image, num_images)
+    return _draw(tf.constant(order), tf.constant(starts), tf.constant(counts), num_images, batch_size,
+                 tf.cast(step, tf.int64), seed)
+
+
+def _draw(order, starts, counts, num_images, batch_size, step, seed):
+    key = tf.stack([tf.constant(seed, tf.int64), step])
+    images = tf.argsort(tf.random.stateless_uniform([num_images], seed=key))[:batch_size]
+    pick = tf.random.stateless_uniform([batch_size], seed=key + [0, 1 << 40])
+    count = tf.gather(counts, images)
+    offset = tf.minimum(tf.cast(pick * tf.cast(count, tf.float32), tf.int32), count - 1)
+    sentences = tf.gather(order, tf.gather(starts, images) + offset)
+    return images, sentences
+
+
+def train_dataset(image_fragments: np.ndarray, image_mask: np.ndarray, sentences: dict[str, np.ndarray],
+                  caption_image, *, batch_size: int, seed: int, start_step: int = 0) -> tf.data.Dataset:
+    """The infinite stream of training batches from step `start_step` on.
+
+    Args:
+      image_fragments: (num_images, M, D) CNN inputs of every fragment; `image_mask` (num_images, M).
+      sentences: `padded_sentence_arrays` of every training sentence.
+      caption_image: the image of every sentence.
+    """
+    image_fragments = np.asarray(image_fragments, np.float32)
+    num_images = len(image_fragments)
+    caption_image = np.asarray(caption_image, np.int64)
+    if batch_size > num_images:
+        raise ConfigError(f"batch_size {batch_size} exceeds the {num_images} training images "
+                          "(a batch holds distinct images)")
+    without = np.setdiff1d(np.arange(num_images), caption_image)
+    if len(without):
+        raise ConfigError(f"{len(without)} training image(s) have no sentence (e.g. row {without[0]})")
+    order, starts, counts = (tf.constant(a) for a in _sentences_by_image(caption_image, num_images))
+    images_t, mask_t = tf.constant(image_fragments), tf.constant(np.asarray(image_mask, bool))
+    sentence_t = {k: tf.constant(v) for k, v in sentences.items()}
+
+    def batch(step):
+        images, chosen = _draw(order, starts, counts, num_images, batch_size, step, seed)
+        out = {"image_fragments": tf.gather(images_t, images), "image_mask": tf.gather(mask_t, images)}
+        out.update({k: tf.gather(v, chosen) for k, v in sentence_t.items()})
+        return out
+
+    return (tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
+            .map(batch, num_parallel_calls=1).prefetch(2))
