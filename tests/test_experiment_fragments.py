@@ -176,3 +176,17 @@ def test_draw_fragments_names_what_is_wrong_with_the_run_folder(tmp_path):
     with pytest.raises(common.UserInputError, match="no trained stage"):
         draw_fragments.draw_fragments(tmp_path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_load_run_rebuilds_the_fragment_model_from_the_run_folder_alone(mil_run):
+    from tf_twobranch.errors import UserInputError
+    from tf_twobranch.runs import load_run
+
+    record, run_dir = mil_run
+    run = load_run(run_dir)
+    assert run.family == "fragment_embeddings" and run.results["metrics"] == record["metrics"]
+    _, _, _, _, model = fe.load_row(run_dir)
+    for a, b in zip(run.model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(UserInputError, match="load_row"):
+        run.evaluation_split()

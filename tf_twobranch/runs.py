@@ -9,6 +9,9 @@ wrote and rebuilds the trained model:
 * the dual path (instance-loss runs): ``dual_path_config.json`` beside
   ``run_config.json`` in a stage folder; given the run folder itself, its
   last stage (``stage2``, else ``stage1``) is loaded.
+* deep fragment embeddings: ``fragment_config.json`` in the last stage
+  folder (the frozen word vectors are part of the checkpoint); its
+  fragments are rebuilt with ``experiments.fragment_embeddings.load_row``.
 
 The run's ``results.json`` (the metrics the experiment printed) comes with
 it when present, and `Run.evaluation_split()` gives the test split the
@@ -35,13 +38,14 @@ from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.dual_path import load_dual_path_model
+from tf_twobranch.models.fragment_embedding import build_fragment_model, load_fragment_config
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.sampling.dual_path import test_split
 
 __all__ = ["Run", "load_run", "FAMILIES", "record_feature_split", "record_dual_path_split",
            "dual_path_test_split"]
 
-FAMILIES = ("two_branch", "dual_path")
+FAMILIES = ("two_branch", "dual_path", "fragment_embeddings")
 
 
 @dataclasses.dataclass
@@ -56,6 +60,11 @@ class Run:
         """The test split this run was evaluated on (what `self.model.evaluate` takes)."""
         record = (self.results or {}).get("evaluation")
         if record is None:
+            if self.config.get("task") == "fragment_embeddings":
+                raise UserInputError(
+                    f"{self.run_dir}: a deep-fragment-embedding run is evaluated on fragments (S_kl), "
+                    "not an EvaluationSplit: experiments.fragment_embeddings.load_row(run_dir) rebuilds "
+                    "its test fragments and model, and .evaluate(...) there gives its metrics")
             if self.config.get("task") == "phrase_localization":
                 raise UserInputError(
                     f"{self.run_dir}: a phrase-localization run has no retrieval split; it is "
@@ -95,6 +104,15 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
         stages = [run_dir / s for s in ("stage2", "stage1") if (run_dir / s / "dual_path_config.json").exists()]
         if stages and not (run_dir / "run_config.json").exists():
             folder = stages[0]
+    fragment_stages = [run_dir / s for s in ("stage2", "stage1", ".") if (run_dir / s / "fragment_config.json").exists()]
+    if fragment_stages:
+        folder = fragment_stages[0]
+        fragment_config, _ = load_fragment_config(folder / "fragment_config.json")
+        # W_e (frozen word vectors) is a weight of the checkpoint: no data needed.
+        model = build_fragment_model(fragment_config)
+        model.load_weights(_weights(folder, checkpoint))
+        config = read_json_object(folder / "run_config.json", "run configuration")
+        return Run(folder, "fragment_embeddings", model, config, _results(run_dir, folder))
     if (folder / "dual_path_config.json").exists():
         model = load_dual_path_model(folder / "dual_path_config.json", _weights(folder, checkpoint))
         config_path = folder / "run_config.json"
