@@ -466,8 +466,23 @@ def _overrides(f) -> list[str]:
     return out
 
 
+def _finished(row) -> dict | None:
+    """The results of a row already trained in its run folder with the same flags (a table resumes)."""
+    path = pathlib.Path(row.run_dir) / "results.json"
+    if not path.is_file():
+        return None
+    from tf_twobranch.json_files import read_json_object  # run records only
+    record = read_json_object(path, "fragment-embedding run record")
+    return record if record.get("typed_flags") == common.typed_flags(row) and "metrics" in record else None
+
+
 def run_rows(f) -> dict:
-    """Runs the rows of `--rows` (each once: a row shared by both tables is trained once) and prints the tables."""
+    """Runs the rows of `--rows` and prints the tables.
+
+    Each row runs once (a row shared by both tables is trained once); a row
+    whose run folder already holds its results with the same flags is not
+    trained again, so an interrupted table resumes.
+    """
     configs = _row_configs(f)
     overrides = _overrides(f)
     runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs"
@@ -477,8 +492,12 @@ def run_rows(f) -> dict:
         key = cfg.stem.split("_", 2)[2]          # the row without its table: shared by Tables 2 and 3
         row.run_dir = str(runs_dir / f"karpathy_{key}")
         if key not in done:
-            print(f"--- {cfg.name}: {row.row_name}", flush=True)
-            done[key] = run(row)
+            done[key] = _finished(row) or None
+            if done[key] is None:
+                print(f"--- {cfg.name}: {row.row_name}", flush=True)
+                done[key] = run(row)
+            else:
+                print(f"--- {cfg.name}: {row.row_name}: finished before, results of {row.run_dir}", flush=True)
         record = done[key]
         results[cfg.stem] = {"name": row.row_name, "metrics": record["metrics"],
                              "paper": common.paper_numbers(row.paper_results), "paper_dataset": row.paper_dataset,

@@ -80,6 +80,10 @@ def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_d
     assert star["protocol"] == "first_caption"
     _check_metrics(star["metrics"])
     assert json.loads((tmp_path / "karpathy_tables.json").read_text())["table2"].startswith("Karpathy")
+    # Run again: every row is found finished in its folder and not trained again.
+    again = fe.run_rows(f)
+    assert capsys.readouterr().out.count("finished before") == 3
+    assert again["rows"] == out["rows"]
 
 
 def test_fine_tuned_cnn_trains_the_top_layer_in_the_second_stage_only(tiny_dataset, tmp_path):

@@ -120,9 +120,15 @@ class FragmentServingModule(tf.Module):
         self.words = tf.Variable(self.word_names, trainable=False, dtype=tf.string, name="words")
         self.relation_table = _lookup_table(self.relation_names)
         self.word_table = _lookup_table(self.word_names)
+        if cfg.representation != "fragments":
+            raise ConfigError(f"only the fragment representation is exported, got {cfg.representation!r}")
+        # The CNN's top layer, when the row fine-tuned it (its input is then
+        # the activation below that layer).
+        self.image_head = model.image_head
         self.image_projection = model.image_projection
         self.sentence_encoder = model.sentence_encoder
-        serving.track_keras_variables(self, self.image_projection, self.sentence_encoder)
+        serving.track_keras_variables(self, *[layer for layer in (self.image_head, self.image_projection,
+                                                                  self.sentence_encoder) if layer is not None])
 
         image_spec = serving.feature_batch_spec("image_fragments")
         id_specs = [tf.TensorSpec(None, tf.int32, name=name) for name in ID_INPUTS]
@@ -178,6 +184,8 @@ class FragmentServingModule(tf.Module):
 
     # ------------------------------------------------------------------ encoders
     def _image(self, image_fragments):
+        if self.image_head is not None:
+            image_fragments = self.image_head(image_fragments, training=False)
         v = tf.cast(self.image_projection(image_fragments, training=False), tf.float32)
         v.set_shape([None, None, self.embed_dim])
         return v
