@@ -60,6 +60,7 @@ class FragmentEmbeddingConfig:
     use_global_objective: bool = True
     representation: str = "fragments"   # "devise": one mean fragment per side (§4.1)
     image_head_dim: int = 0        # > 0: the CNN's top layer (image_dim -> this) is part of the model
+    cnn_learning_rate_scale: float = 1.0   # the CNN top layer's rate relative to the embedding's
 
     def validate(self) -> None:
         for name in ("image_dim", "num_relations", "vocabulary_size", "word_dim", "embed_dim"):
@@ -255,6 +256,11 @@ class FragmentEmbeddingModel(keras.Model):
             terms = self.objective(data, training=True)
             scaled = self.optimizer.scale_loss(terms["loss"])
         grads = tape.gradient(scaled, self.trainable_variables)
+        if self.image_head is not None and self.config.cnn_learning_rate_scale != 1.0:
+            # A smaller step for the pretrained CNN layer (SGD: the same as its own rate).
+            head = {id(v) for v in self.image_head.trainable_variables}
+            grads = [g * self.config.cnn_learning_rate_scale if id(v) in head and g is not None else g
+                     for g, v in zip(grads, self.trainable_variables)]
         self.optimizer.apply(grads, self.trainable_variables)
         return self._track(terms)
 
