@@ -26,9 +26,9 @@ def run_row(cfg, dataset, run_dir, *extra):
 
 @pytest.fixture(scope="module")
 def mil_run(tiny_dataset, tmp_path_factory):
-    """The † + MIL row, trained once for the tests of this module (with its export)."""
+    """The † + MIL row, trained once for the tests of this module (the fine-tuned row tests the export)."""
     run_dir = tmp_path_factory.mktemp("runs") / "mil"
-    return run_row("karpathy_table2_fragment_global_mil", tiny_dataset, run_dir), run_dir
+    return run_row("karpathy_table2_fragment_global_mil", tiny_dataset, run_dir, "--noexport"), run_dir
 
 
 def test_every_karpathy_flagfile_parses_with_its_paper_numbers():
@@ -46,7 +46,7 @@ def _check_metrics(m):
         assert m[f"{side}_medr"] >= 1 and m[f"{side}_meanr"] >= 1
 
 
-def test_mil_row_trains_two_stages_evaluates_and_exports(mil_run):
+def test_mil_row_trains_two_stages_evaluates_and_reloads(mil_run):
     record, run_dir = mil_run
     assert [(s["stage"], s["epochs"], s["mil"]) for s in record["stages"]] == [(1, [0, 2], False), (2, [2, 4], True)]
     _check_metrics(record["metrics"])
@@ -54,7 +54,6 @@ def test_mil_row_trains_two_stages_evaluates_and_exports(mil_run):
     assert record["fragments"]["relation_types_after_filter"] >= 5
     written = json.loads((run_dir / "results.json").read_text())
     assert written["metrics"] == record["metrics"]
-    assert (run_dir / "export" / "saved_model.pb").is_file()
     # The reloaded row scores exactly what the run reported.
     f, splits, images, text, model = fe.load_row(run_dir)
     again = fe.evaluate(model, fe.image_inputs(images["test"], model.config), images["test"].mask,
@@ -88,7 +87,7 @@ def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_d
 
 def test_fine_tuned_cnn_trains_the_top_layer_in_the_second_stage_only(tiny_dataset, tmp_path):
     run_dir = tmp_path / "ft"
-    record = run_row("karpathy_table3_fine_tuned_cnn", tiny_dataset, run_dir, "--epochs=2", "--noexport")
+    record = run_row("karpathy_table3_fine_tuned_cnn", tiny_dataset, run_dir, "--epochs=2")
     assert [s["cnn_trained"] for s in record["stages"]] == [False, True]
     f, splits, images, text, model = fe.load_row(run_dir)
     folded_kernel, _ = images["train"].head
@@ -100,6 +99,13 @@ def test_fine_tuned_cnn_trains_the_top_layer_in_the_second_stage_only(tiny_datas
         h5.visititems(lambda name, obj: kernels.append(np.asarray(obj)) if "image_head" in name
                       and isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None)
     assert kernels and np.allclose(kernels[0], folded_kernel, atol=1e-6)
+    # The row's export takes the activation below the CNN's top layer, as the model does.
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(record["export_dir"])
+    x = np.asarray(images["test"].inputs[:2], np.float32)
+    got = loaded.signatures["embed_image_fragments"](image_fragments=tf.constant(x))["image_fragment_embedding"]
+    np.testing.assert_allclose(got.numpy(), model.embed_image_fragments(x).numpy(), atol=1e-4)
 
 
 def test_sentences_left_without_fragments_are_counted_and_scored(tiny_dataset, tmp_path):

@@ -195,17 +195,3 @@ def test_saved_model_cli_run_score(exported, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "out" / "scores.npy"), _keras_outputs(model, r)[2], atol=1e-5)
 
-
-def test_fine_tuned_cnn_top_layer_is_part_of_the_export(tmp_path):
-    """A row that fine-tuned the CNN's top layer takes the activation below it."""
-    import dataclasses
-
-    rng = np.random.default_rng(3)
-    config = dataclasses.replace(CONFIG, image_dim=9, image_head_dim=6)
-    model = build_fragment_model(config, rng.normal(size=(7, 4)))
-    model.image_head.bias.assign(rng.normal(size=6).astype(np.float32))
-    loaded = tf.saved_model.load(str(export_fragment_model(model, tmp_path / "export", relations=RELATIONS,
-                                                           words=WORDS)))
-    x = rng.normal(size=(2, 4, 9)).astype(np.float32)
-    got = _call(loaded, "embed_image_fragments", {"image_fragments": x})["image_fragment_embedding"]
-    np.testing.assert_allclose(got, model.embed_image_fragments(x).numpy(), atol=1e-5)
