@@ -193,7 +193,7 @@ def test_losses_of_a_step_match_the_loss_functions(fixed_model):
 def test_a_few_steps_reduce_the_loss_under_the_default_strategy():
     with tf.distribute.get_strategy().scope():
         model = build_dual_path_model(tiny(dropout=0.0))
-        model.compile(keras.optimizers.Adam(3e-3))
+        model.compile(keras.optimizers.Adam(3e-3), run_eagerly=True)
     batch = tiny_batch(n=6)
     history = []
     for _ in range(6):
