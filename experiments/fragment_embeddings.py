@@ -38,10 +38,13 @@ from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.embedded import load_embedded_dataset
 from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.data.retrieval_data import load_caption_splits
+from tf_twobranch.data.sentence_fragments import caption_keys
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.evaluation.fragment_retrieval import evaluate_fragment_retrieval
+from tf_twobranch.export.fragment_embedding import export_fragment_model
 from tf_twobranch.features.prepare_fragments import (FragmentFeatureSpec, FragmentTextSpec,
                                                      image_fragment_inputs, sentence_fragment_inputs)
+from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
                                                     load_fragment_config, save_fragment_config)
 from tf_twobranch.sampling import fragment_batches
@@ -195,7 +198,6 @@ def load_data(f):
         parses = cache / f"parses_spacy_{common.slug(f.spacy_model)}_{len(splits['train'].captions)}.conllu"
         if not parses.exists():
             trees = {}
-            from tf_twobranch.data.sentence_fragments import caption_keys
             for corpus in splits.values():
                 trees.update(spacy_parses.parse_captions(nlp, corpus.captions, caption_keys(corpus)))
             parses.parent.mkdir(parents=True, exist_ok=True)
@@ -384,7 +386,6 @@ def run(f) -> dict:
     record["metrics"] = record["stages"][-1]["metrics"]
     record["random_baseline"] = random_metrics
     if f.export and config.representation == "fragments" and common.is_chief():
-        from tf_twobranch.export.fragment_embedding import export_fragment_model  # TF Serving path only
         record["export_dir"] = str(export_fragment_model(
             model, run_dir / "export", relations=text.relations, words=text.word_vectors.words,
             run_config={"model": config.to_dict(), **common.flag_record(f, typed)}))
@@ -400,7 +401,6 @@ def load_row(run_dir):
     from the cache) and the last stage's checkpoint fills the model.
     """
     run_dir = pathlib.Path(run_dir)
-    from tf_twobranch.json_files import read_json_object  # run records only
     record = read_json_object(run_dir / "results.json", "fragment-embedding run record")
     if not record.get("stages"):
         raise common.UserInputError(f"{run_dir}: the run has no trained stage (a random-ranking row?)")
@@ -487,7 +487,6 @@ def _finished(row) -> dict | None:
     path = pathlib.Path(row.run_dir) / "results.json"
     if not path.is_file():
         return None
-    from tf_twobranch.json_files import read_json_object  # run records only
     record = read_json_object(path, "fragment-embedding run record")
     return record if record.get("typed_flags") == common.typed_flags(row) and "metrics" in record else None
 

@@ -199,15 +199,10 @@ def test_load_run_rebuilds_the_fragment_model_from_the_run_folder_alone(mil_run)
 
 
 def test_spacy_parser_path_parses_the_captions_once_and_trains(tiny_dataset, tmp_path):
-    spacy = pytest.importorskip("spacy")
-    from test_spacy_parses import _chain_parser
+    pytest.importorskip("spacy")
+    from test_spacy_parses import saved_chain_parser_pipeline
 
-    if not spacy.language.Language.has_factory("test_chain_parser"):
-        spacy.language.Language.component("test_chain_parser", assigns=["token.dep", "token.head"],
-                                           func=_chain_parser)
-    pipeline = spacy.blank("en")
-    pipeline.add_pipe("test_chain_parser")
-    pipeline.to_disk(tmp_path / "pipeline")
+    saved_chain_parser_pipeline(tmp_path / "pipeline")
     record = run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "r", "--parser=spacy",
                      f"--spacy_model={tmp_path / 'pipeline'}", "--epochs=1", "--noexport")
     parses = record["fragments"]["parses"]

@@ -177,14 +177,21 @@ def _chain_parser(doc):
                             heads=heads, deps=deps)
 
 
-def test_saved_pipeline_folder_loads_and_parses(tmp_path):
-    spacy = pytest.importorskip("spacy")
+def saved_chain_parser_pipeline(folder):
+    """A blank English pipeline with `_chain_parser` as its parser, saved to `folder` (no model needed)."""
+    spacy = sys.modules["spacy"]
     if not spacy.language.Language.has_factory("test_chain_parser"):
         spacy.language.Language.component("test_chain_parser", assigns=["token.dep", "token.head"],
                                            func=_chain_parser)
     pipeline = spacy.blank("en")
     pipeline.add_pipe("test_chain_parser")
-    pipeline.to_disk(tmp_path / "pipeline")
+    pipeline.to_disk(folder)
+    return folder
+
+
+def test_saved_pipeline_folder_loads_and_parses(tmp_path):
+    pytest.importorskip("spacy")
+    saved_chain_parser_pipeline(tmp_path / "pipeline")
     nlp = load_spacy_model(tmp_path / "pipeline")
     trees = parse_captions(nlp, ["A dog  runs .", "Two cats"], ["7#0", "7#1"])
     assert trees["7#0"].words == ("A", "dog", "runs", ".") and trees["7#0"].heads == (2, 3, 4, 0)
