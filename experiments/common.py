@@ -146,6 +146,12 @@ def define_run_flags(fv, *, export_help: str, paper_results_help: str) -> None:
                       "Compute precision of the towers (variables and losses stay float32); "
                       "mixed_bfloat16 on CPU/GPU, mixed_float16 on GPU only.", **d)
     flags.DEFINE_bool("jit_compile", False, "XLA-compile the whole training step.", **d)
+    flags.DEFINE_bool("run_eagerly", False,
+                      "Run the training step eagerly: for debugging, and for runs of a few "
+                      "steps, where tracing a large graph costs more than the steps.", **d)
+    flags.register_multi_flags_validator(
+        ["jit_compile", "run_eagerly"], lambda v: not (v["jit_compile"] and v["run_eagerly"]),
+        "--jit_compile and --run_eagerly exclude each other.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
     flags.DEFINE_integer("backup_every_steps", 0,
                          "Preemption backup every this many training steps within an epoch "

@@ -358,7 +358,8 @@ def run(f) -> dict:
             if model.image_head is not None:
                 model.image_head.trainable = stage == 2
             optimizer = keras.optimizers.SGD(_learning_rate(f, steps, first, end), momentum=f.momentum)
-            model.compile(optimizer=optimizer, jit_compile=f.jit_compile)
+            model.compile(optimizer=optimizer, jit_compile=f.jit_compile,
+                          run_eagerly=f.run_eagerly)
         tcfg = common.train_config(f, epochs=end, learning_rate=f.learning_rate, seed=f.seed + stage,
                                    optimizer="sgd")
 

@@ -246,7 +246,8 @@ def run(f) -> dict:
                       **common.flag_record(f, typed), "dataset_dir": str(dataset_dir)}
         trainer.prepare_run_dir(run_dir, run_config)
         with strategy.scope():
-            model.compile(optimizer=trainer.make_optimizer(tcfg, steps), jit_compile=f.jit_compile)
+            model.compile(optimizer=trainer.make_optimizer(tcfg, steps), jit_compile=f.jit_compile,
+                          run_eagerly=f.run_eagerly)
         history = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps)
         if history.history.get("loss"):
             record["final_loss"] = float(history.history["loss"][-1])

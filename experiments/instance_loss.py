@@ -419,7 +419,8 @@ def run(f) -> dict:
             else:
                 optimizer = keras.optimizers.SGD(lr, momentum=f.momentum, nesterov=f.nesterov,
                                                  weight_decay=f.weight_decay or None)
-            model.compile(optimizer=optimizer, jit_compile=f.jit_compile)
+            model.compile(optimizer=optimizer, jit_compile=f.jit_compile,
+                          run_eagerly=f.run_eagerly)
         tcfg = common.train_config(f, epochs=f[f"stage{stage}_epochs"].value,
                                    learning_rate=f[f"stage{stage}_learning_rate"].value,
                                    seed=f.seed + stage, optimizer=f.optimizer)

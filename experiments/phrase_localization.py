@@ -237,7 +237,8 @@ def train_model(f, data, run_dir: pathlib.Path, typed: dict | None = None) -> tu
     sampler = _sampler(f, data, f.seed)
     steps = sampler.steps_per_epoch
     with strategy.scope():
-        model.compile(optimizer=trainer.make_optimizer(tcfg, steps), jit_compile=f.jit_compile)
+        model.compile(optimizer=trainer.make_optimizer(tcfg, steps), jit_compile=f.jit_compile,
+                          run_eagerly=f.run_eagerly)
     history = trainer.train(model, _distributed(strategy, sampler, data), tcfg, run_dir,
                             steps_per_epoch=steps)
     info["stages"].append({"name": "main", "epochs": f.epochs, "loss": history.history["loss"]})

@@ -12,7 +12,8 @@ from experiments import instance_loss as exp
 CONFIGS = sorted(common.CONFIG_DIR.glob("zheng_*.cfg"))
 TINY = ["--max_train_images=32", "--max_test_images=12", "--stage1_epochs=1",
         "--stage2_epochs=1", "--text_width=2", "--text_blocks=1,1,1,1",
-        "--hidden_dim=16", "--embed_dim=16", "--word_dim=8", "--verbose=0", "--batch_size=16"]
+        "--hidden_dim=16", "--embed_dim=16", "--word_dim=8", "--verbose=0", "--batch_size=16",
+        "--run_eagerly"]
 
 
 def _flags(*argv, flagfile=None):
