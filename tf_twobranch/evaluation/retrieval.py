@@ -355,6 +355,7 @@ PROTOCOLS = {
     "coco_1k": Protocol("coco_1k", 1000, 5),
     "coco_5k": Protocol("coco_5k", None),
     "first_caption": Protocol("first_caption", None, first_caption_only=True),
+    "folds_100": Protocol("folds_100", 100),
 }
 
 
@@ -374,7 +375,8 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
     captions) of the 5K test set; "coco_5k", "flickr30k_1k" and "full" use
     the whole given test set as one gallery; "first_caption" (Hodosh et
     al., the `*` rows of Karpathy et al.) keeps only each image's first
-    caption, one gallery of N images and N captions.
+    caption, one gallery of N images and N captions; "folds_100" (Das et al.,
+    Table 1) averages as many consecutive 100-image folds as fit.
 
     Models whose score is not a dot product of the two embeddings (the
     similarity network) pass `score_fn_factory(image_embeds, text_embeds)`,

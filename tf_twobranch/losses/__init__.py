@@ -5,6 +5,7 @@
 * `phrase_localization`: the ranking loss on Algorithm 1 phrase–region batches (TPAMI 2018; CVPR 2016).
 * `instance`: dual-path CNN losses (Zheng et al. 2020); Keras `InstanceLoss`, `CosineRankingLoss`.
 * `fragment`: deep fragment embedding objectives (Karpathy et al. 2014, eqs. 4–7; import the module).
+* `npair`: N-pair and hardest-negative triplet losses on localization-volume scores (Das et al., eqs. 2–7); Keras `NPairLoss`, `HardestNegativeTripletLoss`.
 
 Every loss is a pure function of tensors. A `keras.losses.Loss` class exists
 only where the loss has per-example values (Keras reduces and weights them);
@@ -20,6 +21,9 @@ from tf_twobranch.losses.common import DISTANCE_EPSILON, HINGE_MAX, pairwise_dis
 from tf_twobranch.losses.instance import (RANKING_NEGATIVES, CosineRankingLoss, InstanceLoss,
                                           cosine_ranking_loss, cosine_similarity_matrix,
                                           instance_loss)
+from tf_twobranch.losses.npair import (BATCH_LOSSES, HardestNegativeTripletLoss, NPairLoss,
+                                       hardest_negative_triplet_loss, localization_batch_loss,
+                                       npair_loss)
 from tf_twobranch.losses.phrase_localization import (phrase_localization_batch_loss,
                                                      phrase_localization_loss)
 from tf_twobranch.losses.ranking import (LogisticPairLoss, bidirectional_ranking_loss,
@@ -39,4 +43,7 @@ __all__ = [
     # instance
     "RANKING_NEGATIVES", "instance_loss", "cosine_similarity_matrix", "cosine_ranking_loss",
     "InstanceLoss", "CosineRankingLoss",
+    # npair
+    "BATCH_LOSSES", "npair_loss", "hardest_negative_triplet_loss", "localization_batch_loss",
+    "NPairLoss", "HardestNegativeTripletLoss",
 ]
