@@ -214,3 +214,35 @@ def build_backbone(name: str, *, weights_path: str | os.PathLike | None = None,
     images = keras.Input((input_size, input_size, 3), name="images")
     outputs = trunk(ImageNetPreprocess(spec.preprocess_module, name="preprocess")(images))
     return keras.Model(images, outputs, name=f"{name}_features")
+
+
+# Last convolutional map of each backbone, for models that need locations
+# (Das et al.: VGG-19 conv5_4, 14x14x512 at 224^2; the authors' ResNet-50
+# variant stops after the third stage, 14x14x1024).
+SPATIAL_LAYERS = {"vgg19": "block5_conv4", "vgg16": "block5_conv3",
+                  "resnet50": "conv4_block6_out", "resnet152": "conv4_block36_out"}
+
+
+def build_spatial_backbone(name: str, *, weights_path: str | os.PathLike | None = None,
+                           input_size: int | None = None) -> keras.Model:
+    """A backbone that outputs its last convolutional map, (batch, h, w, channels).
+
+    Same names, weights files and preprocessing as `build_backbone`; for
+    "scene_cnn" the map below its global pooling (the last conv block's ReLU).
+    """
+    if name == "scene_cnn":
+        model = build_backbone(name, weights_path=weights_path, input_size=input_size)
+        try:
+            conv_map = model.get_layer("global_pool").input
+        except ValueError:
+            raise DataFormatError(weights_path, "this scene_cnn has no 'global_pool' layer; "
+                                  "expected a model written by save_scene_cnn") from None
+        return keras.Model(model.input, conv_map, name="scene_cnn_map")
+    spec = _spec(name)
+    pooled = build_backbone(name, weights_path=weights_path, input_size=input_size)
+    trunk = pooled.get_layer(f"{name}_trunk")
+    conv = keras.Model(trunk.input, trunk.get_layer(SPATIAL_LAYERS[name]).output, name=f"{name}_map_trunk")
+    size = pooled.input.shape[1]
+    images = keras.Input((size, size, 3), name="images")
+    maps = conv(ImageNetPreprocess(spec.preprocess_module, name="preprocess")(images))
+    return keras.Model(images, maps, name=f"{name}_map")

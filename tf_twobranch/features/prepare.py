@@ -38,7 +38,7 @@ from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.features.image_features import extract_image_features
 from tf_twobranch.features.images import load_images_at_size
-from tf_twobranch.features.scene_cnn import entity_region_crops, train_scene_cnn
+from tf_twobranch.features.scene_cnn import entity_region_crops, load_scene_cnn, save_scene_cnn, train_scene_cnn
 from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
 from tf_twobranch.features.word_vectors import train_word_vectors
 
@@ -123,6 +123,21 @@ def train_scene_cnn_backbone(spec: FeatureSpec, train: CaptionCorpus, layout: Da
                                region_crops=crops, region_token_lists=phrase_tokens,
                                binary_targets=True)
     return backbone, images.shape[1]
+
+
+def cached_scene_cnn(layout: DatasetLayout, train: CaptionCorpus, cache_dir, *, epochs: int,
+                     seed: int = 0):
+    """The scene CNN trained on `train` (`train_scene_cnn_backbone`), trained once per
+    (training images, epochs, seed) and kept in ``cache_dir/scene_cnn_<digest>/scene_cnn.keras``,
+    so the models that share it (deep fragment embeddings, the N-pair localization model)
+    train it once."""
+    key = {"epochs": epochs, "seed": seed, "train": cache_digest({"ids": list(train.image_ids)})}
+    path = pathlib.Path(cache_dir) / f"scene_cnn_{cache_digest(key)}" / "scene_cnn.keras"
+    if path.exists():
+        return load_scene_cnn(path)
+    backbone, _ = train_scene_cnn_backbone(FeatureSpec(scene_cnn_epochs=epochs, seed=seed), train, layout)
+    save_scene_cnn(backbone, path)
+    return backbone
 
 
 def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],

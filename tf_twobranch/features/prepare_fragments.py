@@ -40,9 +40,8 @@ from tf_twobranch.data.sentence_fragments import (FRAGMENT_KINDS, EncodedFragmen
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.features.image_fragments import DETECTIONS, extract_fragment_features, load_fragment_features
-from tf_twobranch.features.prepare import IMAGE_BACKBONES, FeatureSpec, cache_digest, train_scene_cnn_backbone
+from tf_twobranch.features.prepare import IMAGE_BACKBONES, cache_digest, cached_scene_cnn
 from tf_twobranch.features.prepare_regions import read_split_proposals
-from tf_twobranch.features.scene_cnn import load_scene_cnn, save_scene_cnn
 from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.vectors import l2_normalize_rows
 
@@ -98,17 +97,6 @@ class FragmentImages:
         return out
 
 
-def _scene_cnn(layout: DatasetLayout, splits: Mapping[str, CaptionCorpus], folder: pathlib.Path,
-               spec: FragmentFeatureSpec) -> keras.Model:
-    path = folder / "scene_cnn.keras"
-    if path.exists():
-        return load_scene_cnn(path)
-    backbone, _ = train_scene_cnn_backbone(FeatureSpec(scene_cnn_epochs=spec.scene_cnn_epochs, seed=spec.seed),
-                                           splits["train"], layout)
-    save_scene_cnn(backbone, path)
-    return backbone
-
-
 def _folded_top_layer(backbone: keras.Model) -> tuple[np.ndarray, np.ndarray]:
     """The scene CNN's top layer with its (inference-mode) batch norm folded in: y = x·W + b."""
     kernel = backbone.get_layer(_TOP_LAYER).get_weights()[0]
@@ -150,7 +138,8 @@ def image_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, CaptionCor
         if not (inputs_path.exists() and mask_path.exists()):
             if backbone is None:
                 folder.mkdir(parents=True, exist_ok=True)
-                backbone = (_scene_cnn(layout, splits, folder, spec) if spec.image_backbone == "scene_cnn"
+                backbone = (cached_scene_cnn(layout, splits["train"], folder.parent, epochs=spec.scene_cnn_epochs,
+                                             seed=spec.seed) if spec.image_backbone == "scene_cnn"
                             else build_backbone(spec.image_backbone, weights_path=spec.backbone_weights))
                 if spec.image_backbone == "scene_cnn":
                     np.savez(folder / "head.npz", *_folded_top_layer(backbone))

@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
 
-__all__ = ["steps_per_epoch", "padded_sentence_arrays", "batch_indices", "train_dataset"]
+__all__ = ["steps_per_epoch", "padded_sentence_arrays", "batch_indices", "draw_distinct_images", "sentences_by_image",
+           "train_dataset"]
 
 
 def steps_per_epoch(num_sentences: int, batch_size: int) -> int:
@@ -41,7 +42,7 @@ def padded_sentence_arrays(relation, word1, word2, row_splits) -> dict[str, np.n
     return out
 
 
-def _sentences_by_image(caption_image: np.ndarray, num_images: int):
+def sentences_by_image(caption_image: np.ndarray, num_images: int):
     order = np.argsort(caption_image, kind="stable").astype(np.int32)
     counts = np.bincount(caption_image, minlength=num_images)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
@@ -51,12 +52,14 @@ def _sentences_by_image(caption_image: np.ndarray, num_images: int):
 def batch_indices(caption_image, num_images: int, batch_size: int, step, seed: int):
     """(image rows, sentence rows) of one step: distinct images, a random sentence of each."""
     caption_image = np.asarray(caption_image, np.int64)
-    order, starts, counts = _sentences_by_image(caption_image, num_images)
-    return _draw(tf.constant(order), tf.constant(starts), tf.constant(counts), num_images, batch_size,
+    order, starts, counts = sentences_by_image(caption_image, num_images)
+    return draw_distinct_images(tf.constant(order), tf.constant(starts), tf.constant(counts), num_images, batch_size,
                  tf.cast(step, tf.int64), seed)
 
 
-def _draw(order, starts, counts, num_images, batch_size, step, seed):
+def draw_distinct_images(order, starts, counts, num_images, batch_size, step, seed):
+    """Step `step`'s `batch_size` distinct images (a seeded permutation's head) and one random
+    caption of each; `order`, `starts`, `counts` from `sentences_by_image`."""
     key = tf.stack([tf.constant(seed, tf.int64), step])
     images = tf.argsort(tf.random.stateless_uniform([num_images], seed=key))[:batch_size]
     pick = tf.random.stateless_uniform([batch_size], seed=key + [0, 1 << 40])
@@ -84,12 +87,12 @@ def train_dataset(image_fragments: np.ndarray, image_mask: np.ndarray, sentences
     without = np.setdiff1d(np.arange(num_images), caption_image)
     if len(without):
         raise ConfigError(f"{len(without)} training image(s) have no sentence (e.g. row {without[0]})")
-    order, starts, counts = (tf.constant(a) for a in _sentences_by_image(caption_image, num_images))
+    order, starts, counts = (tf.constant(a) for a in sentences_by_image(caption_image, num_images))
     images_t, mask_t = tf.constant(image_fragments), tf.constant(np.asarray(image_mask, bool))
     sentence_t = {k: tf.constant(v) for k, v in sentences.items()}
 
     def batch(step):
-        images, chosen = _draw(order, starts, counts, num_images, batch_size, step, seed)
+        images, chosen = draw_distinct_images(order, starts, counts, num_images, batch_size, step, seed)
         out = {"image_fragments": tf.gather(images_t, images), "image_mask": tf.gather(mask_t, images)}
         out.update({k: tf.gather(v, chosen) for k, v in sentence_t.items()})
         return out

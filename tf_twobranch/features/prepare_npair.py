@@ -1,0 +1,192 @@
+"""Inputs of the N-pair localization model (Das et al.) for every split.
+
+Image side: the backbone's last convolutional map
+(`tf_twobranch.features.backbones.build_spatial_backbone`): VGG-19
+``block5_conv4`` from a local ImageNet weights file, or, on the embedded data,
+the scene CNN trained once on the training images, captions and box crops
+(`prepare.cached_scene_cnn`, the backbone of the deep fragment embeddings,
+whose pooled features a linear probe reads digits from at ≥ 90 %). With a
+frozen backbone the maps are computed once and cached (``backbone_maps``);
+training it end to end needs the images themselves (``split_images``).
+Every image file, whatever its size, is resized whole to the backbone's
+square input (`load_images_at_size`), so map cell (r, c) covers the same
+fraction of the original image whatever its aspect ratio.
+
+Caption side: tokens of `tokenize_caption`, words kept when they have a word
+vector (GloVe/word2vec file, or PPMI-SVD vectors trained on the training
+captions) as the authors' code (unknown words are dropped, as the package's
+`TokenCoder` does in the export), ``<start> words <end>`` padded with
+``<end>`` to ``max_words + 2`` positions (the code pads with its end token).
+The mask marks the words. Captions longer than ``max_words`` are left out of
+training (the paper: "only captions of the said length or lower were
+considered") and clipped for evaluation, where every caption must be ranked.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from typing import Mapping, Sequence
+
+import keras
+import numpy as np
+from absl import logging
+
+from tf_twobranch.data.corpus import CaptionCorpus
+from tf_twobranch.data.formats.word_vectors import load_word_vectors
+from tf_twobranch.data.layout import DatasetLayout
+from tf_twobranch.data.text_codes import build_text_vocabulary, initial_word_matrix
+from tf_twobranch.data.tokenize import tokenize_caption
+from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.features.backbones import build_spatial_backbone
+from tf_twobranch.features.images import load_images_at_size
+from tf_twobranch.features.prepare import cache_digest, cached_scene_cnn
+from tf_twobranch.features.word_vectors import train_word_vectors
+from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN
+
+__all__ = ["NPairInputSpec", "NPairText", "CaptionTokens", "spatial_backbone", "backbone_input_size",
+           "split_images", "backbone_maps", "caption_inputs", "encode_token_lists", "encode_words"]
+
+BACKBONES = ("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152")
+
+
+@dataclasses.dataclass
+class NPairInputSpec:
+    image_backbone: str = "scene_cnn"
+    backbone_weights: str | None = None
+    scene_cnn_epochs: int = 12
+    word_vectors: str | None = None
+    word_dim: int = 300
+    max_words: int = 20
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.image_backbone not in BACKBONES:
+            raise ConfigError(f"image_backbone must be one of {BACKBONES}, got {self.image_backbone!r}")
+        if self.image_backbone != "scene_cnn" and not self.backbone_weights:
+            raise UserInputError(f"image_backbone={self.image_backbone} needs --backbone_weights (a local "
+                                 "ImageNet weights file, e.g. vgg19_weights_tf_dim_ordering_tf_kernels.h5; "
+                                 "nothing is downloaded), or --image_backbone=scene_cnn")
+        if self.max_words < 1 or self.word_dim < 1:
+            raise ConfigError(f"max_words and word_dim must be positive, got {self.max_words}, {self.word_dim}")
+
+
+@dataclasses.dataclass
+class CaptionTokens:
+    """One split's captions: ids (N, T) int32, mask (N, T) of the words, and which fit training."""
+    token_ids: np.ndarray
+    token_mask: np.ndarray
+    trainable: np.ndarray     # bool (N,): at most max_words words and at least one known word
+
+
+@dataclasses.dataclass
+class NPairText:
+    vocabulary: list[str]           # "<pad>", "<unk>", "<start>", "<end>", words...
+    word_matrix: np.ndarray         # (V, word_dim) initial word vectors
+    splits: dict[str, CaptionTokens]
+    max_words: int
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_words + 2
+
+
+# ---------------------------------------------------------------------------- images
+
+def spatial_backbone(layout: DatasetLayout, train: CaptionCorpus, cache_dir, spec: NPairInputSpec) -> keras.Model:
+    spec.validate()
+    if spec.image_backbone == "scene_cnn":
+        scene = cached_scene_cnn(layout, train, cache_dir, epochs=spec.scene_cnn_epochs, seed=spec.seed)
+        return keras.Model(scene.input, scene.get_layer("global_pool").input, name="scene_cnn_map")
+    return build_spatial_backbone(spec.image_backbone, weights_path=spec.backbone_weights)
+
+
+def backbone_input_size(backbone: keras.Model) -> int:
+    return int(backbone.input.shape[1])
+
+
+def split_images(layout: DatasetLayout, corpus: CaptionCorpus, size: int) -> np.ndarray:
+    """uint8 (N, size, size, 3): every image of the split resized whole to the backbone's input."""
+    paths = layout.image_paths(corpus.image_ids, file_names=getattr(corpus, "file_names", None),
+                               source=corpus.source)
+    return load_images_at_size(paths, size)
+
+
+def backbone_maps(layout: DatasetLayout, splits: Mapping[str, CaptionCorpus], cache_dir, spec: NPairInputSpec,
+                  backbone: keras.Model, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """(N, h, w, C) float32 maps of the frozen backbone for every split, cached by what made them."""
+    key = {"backbone": spec.image_backbone, "weights": spec.backbone_weights, "seed": spec.seed,
+           "scene_cnn_epochs": spec.scene_cnn_epochs,
+           "train": cache_digest({"ids": list(splits["train"].image_ids)})}
+    folder = pathlib.Path(cache_dir) / f"npair_maps_{spec.image_backbone}_{cache_digest(key)}"
+    size = backbone_input_size(backbone)
+    out = {}
+    for split, corpus in splits.items():
+        path = folder / f"{split}_{cache_digest({'ids': list(corpus.image_ids)})}.npy"
+        if not path.exists():
+            start = time.time()
+            images = split_images(layout, corpus, size)
+            maps = np.concatenate([np.asarray(backbone(images[i:i + batch_size].astype(np.float32), training=False))
+                                   for i in range(0, len(images), batch_size)])
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(".tmp_" + path.name)
+            np.save(tmp, maps.astype(np.float32))
+            tmp.rename(path)
+            logging.info("backbone maps of %s (%d images, %s): %.1f s", split, len(images), maps.shape[1:],
+                         time.time() - start)
+        out[split] = np.load(path)
+    return out
+
+
+# ---------------------------------------------------------------------------- captions
+
+def encode_words(words: Sequence[str], index: Mapping[str, int]) -> tuple[list[int], list[int]]:
+    """(ids, positions in `words`) of the words that have a vector (the others are dropped)."""
+    kept = [(index[w], i) for i, w in enumerate(words) if w in index]
+    return [k for k, _ in kept], [i for _, i in kept]
+
+
+def encode_token_lists(token_lists: Sequence[Sequence[str]], vocabulary: Sequence[str],
+                       max_words: int) -> CaptionTokens:
+    """``<start> words <end>`` ids padded with ``<end>`` to max_words + 2; longer captions clipped."""
+    index = {w: i for i, w in enumerate(vocabulary) if i >= 4}
+    start, end = vocabulary.index(START_TOKEN), vocabulary.index(END_TOKEN)
+    n, width = len(token_lists), max_words + 2
+    ids = np.full((n, width), end, np.int32)
+    ids[:, 0] = start
+    mask = np.zeros((n, width), bool)
+    trainable = np.zeros(n, bool)
+    for row, tokens in enumerate(token_lists):
+        known, _ = encode_words(tokens, index)
+        trainable[row] = 0 < len(known) <= max_words
+        known = known[:max_words]
+        ids[row, 1:1 + len(known)] = known
+        mask[row, 1:1 + len(known)] = True
+    return CaptionTokens(ids, mask, trainable)
+
+
+def caption_inputs(splits: Mapping[str, CaptionCorpus], spec: NPairInputSpec) -> NPairText:
+    """Vocabulary, initial word vectors and token ids of every split."""
+    spec.validate()
+    tokens = {s: [tokenize_caption(c) for c in corpus.captions] for s, corpus in splits.items()}
+    train_tokens = tokens["train"]
+    if spec.word_vectors:
+        words = {t for caption in train_tokens for t in caption}
+        vectors = load_word_vectors(spec.word_vectors, vocabulary=words)
+        if len(vectors) == 0:
+            raise UserInputError(f"{spec.word_vectors}: none of the {len(words)} training words has a vector")
+    else:
+        vectors = train_word_vectors(train_tokens, dim=spec.word_dim, seed=spec.seed)
+    base = build_text_vocabulary(train_tokens, vectors)
+    vocabulary = base[:2] + [START_TOKEN, END_TOKEN] + base[2:]
+    matrix = initial_word_matrix(vocabulary, vectors, seed=spec.seed)
+    out = {s: encode_token_lists(t, vocabulary, spec.max_words) for s, t in tokens.items()}
+    for s, split in out.items():
+        empty = np.flatnonzero(~split.token_mask.any(axis=1))
+        if len(empty) and s != "train":
+            corpus = splits[s]
+            i = int(empty[0])
+            raise UserInputError(f"{corpus.source or s}: caption {i} of image "
+                                 f"{corpus.image_ids[corpus.caption_image[i]]} ({corpus.captions[i]!r}) has no "
+                                 "word with a vector in the training vocabulary; it cannot be scored")
+    return NPairText(vocabulary, matrix, out, spec.max_words)

@@ -1,0 +1,215 @@
+"""Caption–image retrieval whose joint space localizes words and phrases (Das et al.).
+
+* Image branch (§3.1, §4.1): a CNN's spatial map (VGG-19 ``block5_conv4`` at
+  224² → 14×14×512 in the paper; the embedded data's scene CNN's last conv
+  map) projected to d channels by a 3×3 convolution + batch norm + ReLU (the
+  authors' code; the paper does not say how 512 becomes 1024). ``a_{r,c}``
+  is the d-vector at location (r, c).
+* Caption branch: word vectors (GloVe from a local file, or PPMI-SVD vectors;
+  frozen as in the code, ``train_word_vectors`` to fine-tune them) → one LSTM
+  layer → a d-vector ``s_t`` per token. Captions are ``<start> words <end>``
+  padded to ``max_tokens`` (the code: 20 words, 22 positions); the mask marks
+  the words.
+* Localization volume m_{r,c,t} = a_{r,c}·s_t and the score S(I, T) =
+  `tf_twobranch.models.localization_volume.pairwise_localization_scores`
+  (eq. 1, S_MaxImage, by default).
+* Loss: the N-pair loss over the batch's N×N score matrix (eqs. 5–7), or the
+  triplet loss with hardest in-batch negatives (eqs. 2–4), under the
+  package's global-batch contract (`tf_twobranch.losses.npair.localization_batch_loss`).
+
+Training batches are dicts: ``backbone_map`` (B, h, w, C) precomputed CNN
+maps (frozen CNN) or ``image`` (B, S, S, 3) RGB 0..255 (CNN trained end to
+end, ``train_backbone``); ``token_ids`` (B, T) int32 and ``token_mask`` (B, T).
+Image b is paired with caption b.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.json_files import read_json_object
+from tf_twobranch.losses import npair as npair_losses
+from tf_twobranch.models import localization_volume as volume
+
+LOSSES = ("npair", "triplet")
+START_TOKEN, END_TOKEN = "<start>", "<end>"
+
+__all__ = ["LOSSES", "START_TOKEN", "END_TOKEN", "NPairLocalizationConfig", "NPairLocalizationModel",
+           "build_npair_model", "save_npair_config", "load_npair_config"]
+
+
+@dataclasses.dataclass
+class NPairLocalizationConfig:
+    vocabulary_size: int
+    map_channels: int               # C of the backbone map (512 for VGG-19 block5_conv4)
+    map_size: int = 14              # h = w of the backbone map
+    word_dim: int = 300             # GloVe 300-d
+    embed_dim: int = 1024           # d
+    max_tokens: int = 22            # <start> + 20 words + <end>
+    projection_kernel: int = 3      # the code's 3x3 conv on conv5_4
+    loss: str = "npair"
+    aggregator: str = "max_image"
+    token_average: str = "real"
+    normalisation: str = "vector"
+    temperature: float = 1.0        # eqs. 5-6 have none (1)
+    margin: float = 0.1             # η of eqs. 2-3 (the code's 0.1)
+    train_word_vectors: bool = False
+    train_backbone: bool = False
+
+    def validate(self) -> None:
+        for name in ("vocabulary_size", "map_channels", "map_size", "word_dim", "embed_dim",
+                     "max_tokens", "projection_kernel"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name, allowed in (("loss", LOSSES), ("aggregator", volume.AGGREGATORS),
+                              ("token_average", volume.TOKEN_AVERAGES),
+                              ("normalisation", volume.NORMALISATIONS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be positive, got {self.temperature}")
+        if self.margin < 0:
+            raise ConfigError(f"margin must be >= 0, got {self.margin}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NPairLocalizationConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown N-pair model configuration keys {unknown}")
+        return cls(**d)
+
+
+class NPairLocalizationModel(keras.Model):
+    """The two branches and their localization volume, trained on retrieval alone."""
+
+    def __init__(self, config: NPairLocalizationConfig, backbone: keras.Model | None = None, **kwargs):
+        super().__init__(**kwargs)
+        config.validate()
+        if config.train_backbone and backbone is None:
+            raise ConfigError("train_backbone needs the backbone model (image -> spatial map)")
+        self.config = config
+        self.backbone = backbone
+        if backbone is not None:
+            backbone.trainable = config.train_backbone
+        self.projection = keras.Sequential([
+            keras.layers.Conv2D(config.embed_dim, config.projection_kernel, padding="same",
+                                name="projection_conv"),
+            keras.layers.BatchNormalization(name="projection_bn"),
+            keras.layers.ReLU(name="projection_relu")], name="image_projection")
+        self.word_embedding = keras.layers.Embedding(config.vocabulary_size, config.word_dim,
+                                                     trainable=config.train_word_vectors,
+                                                     name="word_vectors")
+        self.lstm = keras.layers.LSTM(config.embed_dim, return_sequences=True, name="caption_lstm")
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    def build_all(self) -> "NPairLocalizationModel":
+        c = self.config
+        self.projection.build((None, c.map_size, c.map_size, c.map_channels))
+        self.word_embedding.build((None, c.max_tokens))
+        self.lstm.build((None, c.max_tokens, c.word_dim))
+        self.built = True
+        return self
+
+    def set_word_vectors(self, vectors: np.ndarray) -> None:
+        vectors = np.asarray(vectors, np.float32)
+        want = (self.config.vocabulary_size, self.config.word_dim)
+        if vectors.shape != want:
+            raise ConfigError(f"word vectors must be {want}, got {vectors.shape}")
+        self.word_embedding.embeddings.assign(vectors)
+
+    # ------------------------------------------------------------- branches
+    def backbone_maps(self, images, training=False):
+        if self.backbone is None:
+            raise ConfigError("this model has no backbone: pass precomputed backbone maps")
+        return self.backbone(images, training=training and self.config.train_backbone)
+
+    def image_maps(self, batch, training=False):
+        """(B, h, w, d) a_{r,c} from ``backbone_map`` or, through the backbone, ``image``."""
+        maps = batch["backbone_map"] if "backbone_map" in batch else self.backbone_maps(batch["image"], training)
+        return self.projection(maps, training=training)
+
+    def token_vectors_from_inputs(self, word_inputs, training=False):
+        """(B, T, d) s_t from (B, T, word_dim) LSTM inputs (phrase mode feeds averaged vectors)."""
+        return self.lstm(word_inputs, training=training)
+
+    def token_vectors(self, token_ids, training=False):
+        return self.token_vectors_from_inputs(self.word_embedding(token_ids), training)
+
+    def normalised(self, maps, tokens, token_mask):
+        return volume.normalise_localization_inputs(maps, tokens, token_mask, self.config.normalisation)
+
+    def encode(self, batch, training=False):
+        maps = self.image_maps(batch, training)
+        tokens = self.token_vectors(batch["token_ids"], training)
+        maps, tokens = self.normalised(maps, tokens, batch["token_mask"])
+        return maps, tokens
+
+    def call(self, inputs, training=False):
+        """S(I_b, T_b) of each pair of the batch."""
+        maps, tokens = self.encode(inputs, training)
+        c = self.config
+        return volume.paired_localization_scores(maps, tokens, inputs["token_mask"], aggregator=c.aggregator,
+                                                 token_average=c.token_average)
+
+    # ---------------------------------------------------------------- loss
+    def objective(self, batch, training=True):
+        c = self.config
+        maps, tokens = self.encode(batch, training)
+        return npair_losses.localization_batch_loss(
+            maps, tokens, batch["token_mask"], loss=c.loss, aggregator=c.aggregator,
+            token_average=c.token_average, temperature=c.temperature, margin=c.margin)
+
+    def train_step(self, data):
+        data, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            loss = self.objective(data, training=True)
+            scaled = self.optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        self.loss_tracker.update_state(loss)
+        return {"loss": self.loss_tracker.result()}
+
+    def test_step(self, data):
+        data, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        self.loss_tracker.update_state(self.objective(data, training=False))
+        return {"loss": self.loss_tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker]
+
+
+def build_npair_model(config: NPairLocalizationConfig | dict, word_vectors: np.ndarray | None = None,
+                      backbone: keras.Model | None = None) -> NPairLocalizationModel:
+    """A built model; `word_vectors` (vocabulary_size, word_dim) fill the word-vector table."""
+    if isinstance(config, dict):
+        config = NPairLocalizationConfig.from_dict(config)
+    model = NPairLocalizationModel(config, backbone=backbone).build_all()
+    if word_vectors is not None:
+        model.set_word_vectors(word_vectors)
+    return model
+
+
+def save_npair_config(path, config: NPairLocalizationConfig, **extra) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"model": config.to_dict(), **extra}, f, indent=2, sort_keys=True)
+
+
+def load_npair_config(path) -> tuple[NPairLocalizationConfig, dict]:
+    """The configuration written by `save_npair_config` and its extra entries."""
+    data = read_json_object(path, "N-pair localization model configuration")
+    if not isinstance(data.get("model"), dict):
+        raise DataFormatError(path, "expected a JSON object with a 'model' object")
+    try:
+        return NPairLocalizationConfig.from_dict(data.pop("model")), data
+    except (ConfigError, TypeError) as err:
+        raise DataFormatError(path, str(err), record="model") from None
