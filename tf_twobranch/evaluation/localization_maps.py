@@ -18,6 +18,7 @@ centre, or the maximum of the backbone map's channel mean (the paper's
 from __future__ import annotations
 
 import collections
+import pathlib
 from typing import Sequence
 
 import numpy as np
@@ -27,7 +28,7 @@ from tf_twobranch.evaluation import pointing_game
 from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN
 
 __all__ = ["PARSE_MODES", "projected_maps", "query_heat_maps", "pointing_results", "baseline_points",
-           "channel_mean_heat_maps"]
+           "channel_mean_heat_maps", "draw_phrase_heat_maps"]
 
 PARSE_MODES = ("word", "phrase")
 
@@ -140,3 +141,41 @@ def pointing_results(queries: Sequence, heat_maps: Sequence[np.ndarray | None] |
     result["queries_without_map"] = unmapped
     result["accuracy"] = pointing_game.pointing_game_accuracy(result["hits"], result["misses"])
     return result
+
+
+def draw_phrase_heat_maps(image: np.ndarray, queries: Sequence, heat_maps: Sequence[np.ndarray | None],
+                          path, *, title: str = "") -> pathlib.Path:
+    """One PNG: the image, then per phrase its heat map over the image (the paper's Figs. 1 and 5),
+    the pointing-game maximum (a cross) and the phrase's ground-truth boxes (green: hit, red: miss)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    path = pathlib.Path(path)
+    panels = len(queries) + 1
+    fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.6), squeeze=False)
+    axes[0, 0].imshow(image)
+    axes[0, 0].set_title(title or "image", fontsize=8)
+    for ax, query, heat in zip(axes[0, 1:], queries, heat_maps):
+        ax.imshow(image)
+        hit = False
+        if heat is not None:
+            up = pointing_game.upsample_heat_map(heat, query.image_height, query.image_width)
+            ax.imshow(up, cmap="jet", alpha=0.45, extent=(-0.5, query.image_width - 0.5,
+                                                          query.image_height - 0.5, -0.5))
+            x, y = pointing_game.heat_map_maximum(heat, query.image_height, query.image_width)
+            hit = pointing_game.point_hits_boxes(x, y, query.boxes)
+            ax.plot([x], [y], marker="x", color="white", markersize=12, markeredgewidth=3)
+        for x1, y1, x2, y2 in np.asarray(query.boxes):
+            ax.add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1 + 1, y2 - y1 + 1, fill=False,
+                                   edgecolor="lime" if hit else "red", linewidth=2))
+        verdict = "no map" if heat is None else ("hit" if hit else "miss")
+        ax.set_title(f"{query.phrase!r}: {verdict}", fontsize=8)
+    for ax in axes[0]:
+        ax.axis("off")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

@@ -1,0 +1,89 @@
+r"""Heat-map pictures of an N-pair localization row (Das et al., Figs. 1, 3 and 5).
+
+For each chosen evaluation image and one of its Flickr30K Entities sentences
+(``--sentence``), one PNG: the image, then for every annotated phrase its
+heat map (word mode: the mean of its words' maps; phrase mode: the map of one
+token from the mean of its word vectors) over the image, the maximum the
+pointing game reads (a cross) and the phrase's ground-truth boxes (green when
+the maximum falls inside one, red otherwise).
+
+The row is rebuilt from its run folder (`npair_localization.load_row`: its
+results.json flags, the cached backbone maps and the checkpoint)::
+
+    python -m experiments.draw_heat_maps --run_dir=runs/das_table2_npair_word --out_dir=figures \
+        --image_index=0,1,2 --parse_mode=phrase
+"""
+from __future__ import annotations
+
+import pathlib
+
+from absl import app, flags
+
+from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.errors import UserInputError
+
+FLAGS = flags.FLAGS
+
+
+def define_flags(fv: flags.FlagValues = FLAGS) -> None:
+    d = dict(flag_values=fv)
+    flags.DEFINE_string("run_dir", "", "Run folder of a finished model row of experiments.npair_localization.", **d)
+    flags.DEFINE_string("out_dir", "figures", "Where the PNGs go.", **d)
+    flags.DEFINE_list("image_index", ["0"], "Indices of the evaluation images to draw.", **d)
+    flags.DEFINE_integer("sentence", 0, "Which of the image's Entities sentences.", lower_bound=0, **d)
+    flags.DEFINE_enum("parse_mode", "word", ["word", "phrase"], "Heat map of a phrase.", **d)
+
+
+def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "word") -> list[pathlib.Path]:
+    """Draws the pictures; returns the PNG paths."""
+    run_dir = pathlib.Path(run_dir)
+    if not (run_dir / "results.json").is_file():
+        raise UserInputError(f"--run_dir={run_dir}: no results.json; expected the run folder of a finished "
+                             "model row of python -m experiments.npair_localization")
+    # TensorFlow only now: --help stays fast.
+    from experiments import npair_localization as exp
+    from tf_twobranch.evaluation import localization_maps
+    from tf_twobranch.evaluation.pointing_game import pointing_queries
+    from tf_twobranch.data.formats.images import load_image
+
+    f, layout, splits, text, maps, model = exp.load_row(run_dir)
+    corpus = splits[f.eval_split]
+    if layout.entities_dir is None:
+        raise UserInputError(f"{layout.root}: no Flickr30K Entities Sentences/ and Annotations/ to draw from")
+    out = []
+    image_maps = None
+    for index in image_indices:
+        if not 0 <= index < corpus.num_images:
+            raise UserInputError(f"--image_index={index}: the {f.eval_split} split has {corpus.num_images} images")
+        image_id = corpus.image_ids[index]
+        queries = [q for q in pointing_queries(layout.entities_dir, [image_id]) if q.sentence_index == sentence]
+        if not queries:
+            raise UserInputError(f"image {image_id}, sentence {sentence}: no phrase with a ground-truth box")
+        if image_maps is None:
+            image_maps = localization_maps.projected_maps(model, maps[f.eval_split])
+        heat = localization_maps.query_heat_maps(model, {image_id: image_maps[index]}, queries, text.vocabulary,
+                                                 mode=parse_mode, max_words=f.max_words)
+        path = layout.image_paths([image_id], source=corpus.source)[0]
+        out.append(localization_maps.draw_phrase_heat_maps(
+            load_image(path), queries, heat, pathlib.Path(out_dir) / f"{image_id}_s{sentence}_{parse_mode}.png",
+            title=" ".join(queries[0].caption_words)))
+    return out
+
+
+def _main() -> None:
+    if not FLAGS.run_dir:
+        raise UserInputError("--run_dir is required (the run folder of a finished model row)")
+    try:
+        indices = [int(i) for i in FLAGS.image_index]
+    except ValueError:
+        raise UserInputError(f"--image_index takes integers, got {FLAGS.image_index}") from None
+    for path in draw(FLAGS.run_dir, FLAGS.out_dir, indices, FLAGS.sentence, FLAGS.parse_mode):
+        print(path)
+
+
+main = absl_main(_main)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main, flags_parser=parse_flags)

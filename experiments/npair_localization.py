@@ -1,0 +1,481 @@
+r"""Semi-supervised phrase localization (Das et al.): Tables 1 and 2.
+
+    python -m experiments.npair_localization --flagfile=experiments/configs/das_table2_npair_word.cfg
+    python -m experiments.npair_localization --rows=all     # every row; prints Table 2 beside the paper
+
+A caption–image retrieval model (spatial image map × per-token caption
+vectors → localization volume → S_MaxImage) is trained on captions alone
+with the N-pair loss (or the triplet loss); no box is used in training. Each
+row then reports retrieval through the one evaluation core (Table 1: folds
+of 100 images, `--protocol`) and the pointing game on the Flickr30K
+Entities phrases of the evaluation split (Table 2), in word and phrase parse
+modes. Baseline rows (`--row_kind`) point at a random pixel, at the image
+centre, at the maximum of the backbone map's channel mean, or use the
+untrained model.
+
+Defaults where the paper is silent are the authors' code's (LocNet): SGD
+lr 1e-3 × 0.1 every 10 epochs of 100 steps, momentum 0.9, weight decay
+1e-7, triplet margin 0.1, LSTM 300 → 1024, 3×3 conv 512 → 1024 + BN + ReLU
+on VGG-19 ``block5_conv4`` at 224², ``<start>``/``<end>`` tokens, 20 words.
+Its defects are not reproduced by default (BUILD_NOTES.md): the score's
+maximum over rows only (``--aggregator=max_rows_code``), the L2 norms
+computed but not applied (``--normalisation=none``), the swapped x/y of its
+hit test, I_r1 = C_r1.
+
+With no --dataset_dir the embedded digit scenes are used (their scene CNN
+and Flickr30K Entities-format phrases and boxes) with the small profile below.
+"""
+from __future__ import annotations
+
+import pathlib
+import time
+
+import keras
+import numpy as np
+from absl import app, flags, logging
+
+from experiments import common
+from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.embedded import load_embedded_dataset
+from tf_twobranch.data.layout import resolve_dataset
+from tf_twobranch.data.retrieval_data import load_caption_splits
+from tf_twobranch.evaluation import localization_maps, retrieval
+from tf_twobranch.evaluation.localization_retrieval import evaluate_localization_retrieval
+from tf_twobranch.evaluation.pointing_game import pointing_queries
+from tf_twobranch.features.prepare_npair import (NPairInputSpec, backbone_maps, caption_inputs,
+                                                 spatial_backbone, split_images)
+from tf_twobranch.json_files import read_json_object
+from tf_twobranch.models.npair_localization import (NPairLocalizationConfig, build_npair_model,
+                                                    load_npair_config, save_npair_config)
+from tf_twobranch.sampling import npair_batches
+from tf_twobranch.training import trainer
+
+# The embedded scenes: 2,500 training images of 96² (the scene CNN's last
+# conv map is 6×6×128), a ~130-word vocabulary. The profile keeps the
+# paper's structure (batch 64 of distinct images, N-pair over the batch,
+# S_MaxImage, SGD with momentum, lr × 0.1 steps) at a size this 2-core CPU
+# trains in a few minutes per row (BUILD_NOTES.md).
+EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 6, "lr_decay_epochs": 4,
+                    "learning_rate": 0.01}
+ROW_KINDS = ("model", "untrained", "random_point", "centre_point", "channel_mean")
+TABLE2_PAPER = "Table 2 (Flickr30K Entities test, pointing accuracy %)"
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    common.define_data_flags(fv, dataset_help="Dataset folder (Flickr30K with its Flickr30K Entities "
+                             "Sentences/ and Annotations/, or COCO captions for retrieval only), with its "
+                             "images; empty: the embedded dataset.",
+                             caption_formats=["auto", "karpathy", "token", "coco"], limit_images=True)
+    flags.DEFINE_enum("eval_split", "test", ["val", "test"], "Split to evaluate on.", **d)
+    flags.DEFINE_enum("protocol", "folds_100", ["folds_100", "full", "coco_1k", "coco_5k"],
+                      "Retrieval protocol: folds_100 (Table 1: galleries of 100 images, averaged), full, "
+                      "coco_1k, coco_5k.", **d)
+    flags.DEFINE_enum("row_kind", "model", list(ROW_KINDS),
+                      "model: train and evaluate; untrained: the model without training; random_point, "
+                      "centre_point, channel_mean: pointing baselines of Table 2.", **d)
+    flags.DEFINE_enum("parse_mode", "word", list(localization_maps.PARSE_MODES),
+                      "Pointing game heat map of a phrase: the mean of its words' maps (word) or the map "
+                      "of one token from the mean of its word vectors (phrase).", **d)
+    flags.DEFINE_enum("pointing_counting", "phrase", ["phrase", "per_box"],
+                      "phrase: one trial per phrase, a hit inside any of its boxes (the paper); per_box: "
+                      "one trial per ground-truth box (the authors' code).", **d)
+    # Text.
+    common.define_word_vector_flags(fv, word_dim_help="Word vector size (GloVe: 300).", word_dim=300)
+    flags.DEFINE_integer("max_words", 20, "Words per caption (longer ones are not trained on and are "
+                         "clipped for evaluation).", lower_bound=1, **d)
+    flags.DEFINE_bool("train_word_vectors", False, "Fine-tune the word vectors (the code keeps GloVe fixed).",
+                      **d)
+    # Image.
+    flags.DEFINE_string("features_cache", "", "Where backbone maps are cached (default <dataset_dir>/features).",
+                        **d)
+    flags.DEFINE_enum("image_backbone", "scene_cnn", ["scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"],
+                      "CNN of the spatial map (vgg19: block5_conv4; scene_cnn: trained on the training "
+                      "images).", **d)
+    flags.DEFINE_string("backbone_weights", "", "Local ImageNet weights file of the backbone.", **d)
+    flags.DEFINE_integer("scene_cnn_epochs", 12, "Epochs of the scene_cnn backbone.", lower_bound=1, **d)
+    flags.DEFINE_bool("train_backbone", False, "Train the CNN end to end (the paper) instead of on its "
+                      "cached maps.", **d)
+    # Model and loss.
+    flags.DEFINE_integer("embed_dim", 1024, "d: channels of the projected map and the LSTM size.",
+                         lower_bound=1, **d)
+    flags.DEFINE_enum("loss", "npair", ["npair", "triplet"], "N-pair loss (eqs. 5-7) or triplet loss with "
+                      "hardest in-batch negatives (eqs. 2-4).", **d)
+    flags.DEFINE_enum("aggregator", "max_image", ["max_image", "max_text", "mean_all", "max_rows_code"],
+                      "Score from the volume: max_image (eq. 1, S_MaxImage), the code's Max_Text and "
+                      "Avg_Both, or its Max_Img as written (max over rows only).", **d)
+    flags.DEFINE_enum("token_average", "real", ["real", "all"],
+                      "Tokens averaged by the score: the caption's words, or all padded positions (the code).",
+                      **d)
+    flags.DEFINE_enum("normalisation", "vector", ["vector", "map", "none"],
+                      "vector: each a_rc and s_t L2-normalised; map: the map and the caption matrix scaled "
+                      "to unit norm (what the code computes); none: the code as run.", **d)
+    flags.DEFINE_float("temperature", 0.1, "Softmax temperature of the N-pair loss (eqs. 5-6: 1).",
+                       lower_bound=1e-6, **d)
+    flags.DEFINE_float("margin", 0.1, "Triplet margin η (the code: 0.1).", lower_bound=0.0, **d)
+    # Training.
+    flags.DEFINE_integer("epochs", 10, "Epochs (the code: 10).", lower_bound=0, **d)
+    flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch (the code: 100).", lower_bound=1, **d)
+    flags.DEFINE_integer("batch_size", 64, "Image–caption pairs per batch, distinct images.", lower_bound=2, **d)
+    flags.DEFINE_float("learning_rate", 1e-3, "SGD learning rate (the code: 1e-3).", lower_bound=0.0, **d)
+    flags.DEFINE_integer("lr_decay_epochs", 10, "The rate is multiplied by 0.1 every this many epochs.",
+                         lower_bound=1, **d)
+    flags.DEFINE_float("momentum", 0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0, **d)
+    flags.DEFINE_float("weight_decay", 1e-7, "SGD weight decay (the code: 1e-7).", lower_bound=0.0, **d)
+    flags.DEFINE_string("paper_dataset", "Flickr30K", "Dataset of the paper numbers.", **d)
+    common.define_run_flags(fv, export_help="Export the model as a SavedModel.",
+                            paper_results_help="Paper numbers: the pointing accuracy (Table 2 rows), or "
+                            "R@1,R@5,R@10 of image-to-caption then caption-to-image (Table 1 rows).")
+    flags.DEFINE_list("rows", [], "Run these row flagfiles (names in experiments/configs or paths; 'all': "
+                      "every das_*.cfg) and print Tables 2 and 1.", **d)
+    flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (--rows; default runs/).", **d)
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def load_data(f, *, need_text: bool = True):
+    """(dataset folder, layout, splits, caption inputs, backbone, backbone maps) of a row."""
+    if f.dataset_dir and not pathlib.Path(f.dataset_dir).is_dir():
+        raise common.UserInputError(f"--dataset_dir={f.dataset_dir}: dataset folder does not exist")
+    source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
+    layout = resolve_dataset(source, caption_format=f.caption_format, images_dir=f.images_dir or None)
+    corpora = load_caption_splits(layout)
+    splits = {}
+    for name in ("train", f.eval_split):
+        limit = f.max_train_images if name == "train" else f.max_test_images
+        corpus = corpora[name]
+        splits[name] = corpus.subset(corpus.image_ids[:limit], source=corpus.source) if limit else corpus
+    spec = NPairInputSpec(image_backbone=f.image_backbone, backbone_weights=f.backbone_weights or None,
+                          scene_cnn_epochs=f.scene_cnn_epochs, word_vectors=f.word_vectors or None,
+                          word_dim=f.word_dim, max_words=f.max_words, seed=f.seed)
+    spec.validate()
+    cache = pathlib.Path(f.features_cache) if f.features_cache else source / "features"
+    text = caption_inputs(splits, spec) if need_text else None
+    backbone = spatial_backbone(layout, splits["train"], cache, spec)
+    maps = backbone_maps(layout, splits, cache, spec, backbone)
+    return source, layout, splits, text, backbone, maps
+
+
+def build_config(f, text, maps) -> NPairLocalizationConfig:
+    shape = maps["train"].shape
+    return NPairLocalizationConfig(
+        vocabulary_size=len(text.vocabulary), map_channels=int(shape[3]), map_size=int(shape[1]),
+        word_dim=int(text.word_matrix.shape[1]), embed_dim=f.embed_dim, max_tokens=text.max_tokens,
+        loss=f.loss, aggregator=f.aggregator, token_average=f.token_average, normalisation=f.normalisation,
+        temperature=f.temperature, margin=f.margin, train_word_vectors=f.train_word_vectors,
+        train_backbone=f.train_backbone)
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+def caption_token_vectors(model, token_ids: np.ndarray, chunk: int = 512) -> np.ndarray:
+    return np.concatenate([np.asarray(model.token_vectors(token_ids[i:i + chunk]))
+                           for i in range(0, len(token_ids), chunk)])
+
+
+def evaluate_retrieval(model, maps: np.ndarray, tokens, caption_image, protocol: str) -> dict:
+    """R@K, median/mean rank and rsum of S(I, T) over the split through the one evaluation core."""
+    image_maps = localization_maps.projected_maps(model, maps)
+    vectors = caption_token_vectors(model, tokens.token_ids)
+    image_maps, vectors = (np.asarray(x) for x in model.normalised(image_maps, vectors, tokens.token_mask))
+    c = model.config
+    return evaluate_localization_retrieval(image_maps, vectors, tokens.token_mask, caption_image, protocol,
+                                           aggregator=c.aggregator, token_average=c.token_average)
+
+
+def evaluation_queries(layout, corpus):
+    if layout.entities_dir is None:
+        return None
+    return pointing_queries(layout.entities_dir, list(corpus.image_ids))
+
+
+def evaluate_pointing(model, maps: np.ndarray, corpus, queries, vocabulary, max_words: int,
+                      counting: str) -> dict:
+    """Pointing-game results in both parse modes."""
+    image_maps = localization_maps.projected_maps(model, maps)
+    by_image = dict(zip(corpus.image_ids, image_maps))
+    return {mode: localization_maps.pointing_results(
+        queries, localization_maps.query_heat_maps(model, by_image, queries, vocabulary, mode=mode,
+                                                   max_words=max_words), counting=counting)
+            for mode in localization_maps.PARSE_MODES}
+
+
+def _summary(record, f) -> None:
+    """The row's headline metrics: retrieval under its protocol, pointing in its parse mode."""
+    metrics = dict(record.get("retrieval", {}).get(f.protocol, {}))
+    pointing = record.get("pointing")
+    if pointing:
+        chosen = pointing.get(f.parse_mode, pointing.get("baseline"))
+        metrics["pointing_accuracy"] = chosen["accuracy"]
+    record["metrics"] = metrics
+
+
+# ---------------------------------------------------------------------------- one row
+
+
+def _learning_rate(f, steps: int):
+    return keras.optimizers.schedules.ExponentialDecay(f.learning_rate, f.lr_decay_epochs * steps, 0.1,
+                                                       staircase=True)
+
+
+def run(f) -> dict:
+    """Runs one row; returns the results record (also written as JSON)."""
+    start = time.time()
+    typed = common.typed_flags(f)
+    applied = common.apply_embedded_profile(f, EMBEDDED_PROFILE)
+    if applied:
+        logging.info("embedded dataset: using its profile defaults %s", applied)
+    row_name = f.row_name or "npair_localization"
+    run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
+    baseline = f.row_kind in ("random_point", "centre_point", "channel_mean")
+    source, layout, splits, text, backbone, maps = load_data(f, need_text=not baseline)
+    evaluation = splits[f.eval_split]
+    queries = evaluation_queries(layout, evaluation)
+    record = {"row": row_name, "row_kind": f.row_kind, "dataset": str(source), **common.flag_record(f, typed),
+              "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
+              "num_train_images": splits["train"].num_images, "num_eval_images": evaluation.num_images,
+              "num_eval_captions": evaluation.num_captions,
+              "num_pointing_queries": None if queries is None else len(queries)}
+    if baseline:
+        if queries is None:
+            raise common.UserInputError(f"{source}: the pointing baselines need Flickr30K Entities "
+                                        "Sentences/ and Annotations/ folders")
+        if f.row_kind == "channel_mean":
+            heat = localization_maps.channel_mean_heat_maps(dict(zip(evaluation.image_ids, maps[f.eval_split])),
+                                                            queries)
+            result = localization_maps.pointing_results(queries, heat, counting=f.pointing_counting)
+        else:
+            result = localization_maps.pointing_results(
+                queries, points=localization_maps.baseline_points(queries, f.row_kind, f.seed),
+                counting=f.pointing_counting)
+        record["pointing"] = {"baseline": result}
+        _summary(record, f)
+        record["seconds"] = time.time() - start
+        common.write_json(f.out_json or run_dir / "results.json", record)
+        return record
+
+    config = build_config(f, text, maps)
+    strategy = common.setup_training(f)
+    with strategy.scope():
+        model = build_npair_model(config, text.word_matrix, backbone=backbone)
+    history = {}
+    if f.row_kind == "model" and f.epochs:
+        steps = f.steps_per_epoch
+        train = text.splits["train"]
+        if f.train_backbone:
+            image_inputs, image_key = split_images(layout, splits["train"], int(backbone.input.shape[1])), "image"
+        else:
+            image_inputs, image_key = maps["train"], "backbone_map"
+        with strategy.scope():
+            optimizer = keras.optimizers.SGD(_learning_rate(f, steps), momentum=f.momentum,
+                                             weight_decay=f.weight_decay or None)
+            model.compile(optimizer=optimizer, jit_compile=f.jit_compile, run_eagerly=f.run_eagerly)
+        tcfg = common.train_config(f, epochs=f.epochs, learning_rate=f.learning_rate, optimizer="sgd")
+
+        def dataset(start_step=0):
+            return npair_batches.train_dataset(image_inputs, train.token_ids, train.token_mask,
+                                               splits["train"].caption_image, train.trainable,
+                                               batch_size=f.batch_size, seed=f.seed, start_step=start_step,
+                                               image_key=image_key)
+
+        run_config = {"model": config.to_dict(), "train": tcfg.__dict__, **common.flag_record(f, typed),
+                      "task": "npair_localization"}
+        trainer.prepare_run_dir(run_dir, run_config)
+        save_npair_config(run_dir / "npair_config.json", config, vocabulary=text.vocabulary)
+        trained = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps, epochs=f.epochs)
+        history = {k: [float(x) for x in v] for k, v in trained.history.items()}
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_npair_config(run_dir / "npair_config.json", config, vocabulary=text.vocabulary)
+        model.save_weights(run_dir / "untrained.weights.h5")
+    record["history"] = history
+    tokens = text.splits[f.eval_split]
+    record["retrieval"] = {p: evaluate_retrieval(model, maps[f.eval_split], tokens, evaluation.caption_image, p)
+                           for p in dict.fromkeys([f.protocol] + (["folds_100"] if evaluation.num_images >= 100
+                                                                  else []))}
+    record["random_baseline"] = retrieval.random_baseline_metrics(
+        evaluation.num_images, evaluation.caption_image, protocol=f.protocol, seed=f.seed)
+    if queries is not None:
+        record["pointing"] = evaluate_pointing(model, maps[f.eval_split], evaluation, queries, text.vocabulary,
+                                               f.max_words, f.pointing_counting)
+    _summary(record, f)
+    logging.info("%s: %s", row_name, {k: round(v, 2) for k, v in record["metrics"].items()})
+    if f.export and common.is_chief() and f.row_kind == "model":
+        from tf_twobranch.export.npair_localization import export_npair_model
+        record["export_dir"] = str(export_npair_model(
+            model, run_dir / "export", vocabulary=text.vocabulary,
+            run_config={"model": config.to_dict(), **common.flag_record(f, typed)}))
+    record["seconds"] = time.time() - start
+    common.write_json(f.out_json or run_dir / "results.json", record)
+    return record
+
+
+def load_row(run_dir):
+    """A finished model row again: (flags, splits, caption inputs, backbone maps, model)."""
+    run_dir = pathlib.Path(run_dir)
+    record = read_json_object(run_dir / "results.json", "N-pair localization run record")
+    f = flags.FlagValues()
+    define_flags(f)
+    f(["row"])
+    for name, value in record["flags"].items():
+        if name in f:
+            f[name].value = value
+    _, layout, splits, text, backbone, maps = load_data(f)
+    config, _ = load_npair_config(run_dir / "npair_config.json")
+    model = build_npair_model(config, text.word_matrix, backbone=backbone)
+    weights = run_dir / "checkpoints" / "latest.weights.h5"
+    model.load_weights(weights if weights.exists() else run_dir / "untrained.weights.h5")
+    return f, layout, splits, text, maps, model
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def _paper_pointing(row) -> str:
+    paper = row.get("paper")
+    return f"{paper[0]:7.2f}" if paper and len(paper) == 1 else "      -"
+
+
+def format_table2(rows: list[dict], dataset: str) -> str:
+    """Table 2's layout: method, pointing accuracy here, the paper's."""
+    width = max([len(r["name"]) for r in rows] + [34])
+    lines = [f"Das et al. Table 2 analogue: pointing accuracy (%) on {dataset} (paper: Flickr30K Entities test)",
+             f"{'Method':{width}} | {'here':>7} | {'paper':>7} | trials",
+             "-" * (width + 30)]
+    for r in rows:
+        pointing = r["metrics"].get("pointing_accuracy")
+        here = f"{pointing:7.2f}" if pointing is not None else "      -"
+        lines.append(f"{r['name']:{width}} | {here} | {_paper_pointing(r)} | {r.get('trials', '-')}")
+    return "\n".join(lines)
+
+
+def format_table1(rows: list[dict], dataset: str) -> str:
+    """Table 1's layout: R@1/5/10 image-to-caption and caption-to-image, the paper's below."""
+    width = max([len(r["name"]) for r in rows] + [34])
+    head = "".join(f"{c:>7}" for c in ("R@1", "R@5", "R@10"))
+    lines = [f"Das et al. Table 1 analogue: retrieval on {dataset} ({rows[0]['protocol'] if rows else ''})",
+             f"{'':{width}} | {'Image-to-Caption':^21} | {'Caption-to-Image':^21} |",
+             f"{'Model':{width}} | {head} | {head} |", "-" * (width + 50)]
+    for r in rows:
+        m = r["metrics"]
+        lines.append(f"{r['name']:{width}} | " + "".join(f"{m[k]:7.1f}" for k in ("i2t_r1", "i2t_r5", "i2t_r10"))
+                     + " | " + "".join(f"{m[k]:7.1f}" for k in ("t2i_r1", "t2i_r5", "t2i_r10")) + " |")
+        paper = r.get("paper")
+        if paper and len(paper) == 6:
+            lines.append(f"{'  (paper: ' + r['paper_dataset'] + ')':{width}} | "
+                         + "".join(f"{v:7.1f}" for v in paper[:3]) + " | "
+                         + "".join(f"{v:7.1f}" for v in paper[3:]) + " |")
+    return "\n".join(lines)
+
+
+# The rows in the order of the paper's Table 2, then Table 1.
+ROW_ORDER = ("random", "centre", "vgg_channel_mean", "untrained", "npair_word", "npair_phrase", "triplet")
+_RUNNER_FLAGS = {"rows", "runs_dir", "out_json", "run_dir", "row_name", "paper_results"}
+# Flags that only choose what a trained model is evaluated on: rows differing only in them share one run.
+_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "pointing_counting"}
+
+
+def _row_configs(f) -> list[pathlib.Path]:
+    if f.rows == ["all"]:
+        def order(cfg):
+            table, key = cfg.stem.split("_", 2)[1:]
+            return (table != "table2", ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER), key)
+        return sorted(common.CONFIG_DIR.glob("das_*.cfg"), key=order)
+    return [common.resolve_config(name) for name in f.rows]
+
+
+def _overrides(f) -> list[str]:
+    row_flags = flags.FlagValues()
+    define_flags(row_flags)
+    out = []
+    for name, value in common.typed_flags(f).items():
+        if name in _RUNNER_FLAGS or name not in row_flags:
+            continue
+        if isinstance(value, bool):
+            out.append(f"--{name}" if value else f"--no{name}")
+        elif isinstance(value, list):
+            out.append(f"--{name}={','.join(map(str, value))}")
+        else:
+            out.append(f"--{name}={value}")
+    return out
+
+
+def _training_key(row) -> tuple:
+    typed = common.typed_flags(row)
+    return tuple(sorted((k, str(v)) for k, v in typed.items() if k not in _EVALUATION_ONLY | _RUNNER_FLAGS))
+
+
+def run_rows(f) -> dict:
+    """Runs the rows of `--rows` and prints Table 2 (pointing) and Table 1 (retrieval).
+
+    Rows that differ only in what is evaluated (parse mode, protocol) share
+    one trained model; a row whose run folder already holds results with the
+    same flags is not run again, so an interrupted table resumes.
+    """
+    runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs"
+    overrides = _overrides(f)
+    trained: dict = {}
+    results = {}
+    start = time.time()
+    for cfg in _row_configs(f):
+        row = common.parse_flagfile(define_flags, str(cfg), overrides)
+        key = _training_key(row)
+        row.run_dir = str(runs_dir / cfg.stem)
+        path = pathlib.Path(row.run_dir) / "results.json"
+        previous = read_json_object(path, "N-pair run record") if path.is_file() else None
+        if previous and previous.get("typed_flags") == common.typed_flags(row):
+            record = previous
+            print(f"--- {cfg.name}: finished before ({row.run_dir})", flush=True)
+        elif key in trained:
+            record = dict(trained[key])
+            record.update(row=row.row_name, paper=common.paper_numbers(row.paper_results),
+                          paper_dataset=row.paper_dataset, shared_with=trained[key]["row"])
+            if row.protocol not in record["retrieval"]:
+                raise common.UserInputError(f"{cfg.name}: protocol {row.protocol} was not evaluated by the "
+                                            f"shared run {trained[key]['row']}")
+            _summary(record, row)
+            print(f"--- {cfg.name}: {row.row_name}: the model of {trained[key]['row']}", flush=True)
+        else:
+            print(f"--- {cfg.name}: {row.row_name}", flush=True)
+            record = run(row)
+        if record.get("row_kind") in ("model", "untrained") and key not in trained:
+            trained[key] = record
+        pointing = record.get("pointing") or {}
+        chosen = pointing.get(row.parse_mode) or pointing.get("baseline") or {}
+        results[cfg.stem] = {"name": row.row_name, "metrics": record["metrics"], "trials": chosen.get("trials"),
+                             "paper": common.paper_numbers(row.paper_results), "paper_dataset": row.paper_dataset,
+                             "protocol": row.protocol, "run_dir": row.run_dir, "seconds": record.get("seconds")}
+    dataset = str(load_embedded_dataset()) if not f.dataset_dir else f.dataset_dir
+    out = {"rows": results, "seconds": time.time() - start}
+    table2 = [r for stem, r in results.items() if stem.startswith("das_table2_")]
+    table1 = [r for stem, r in results.items() if stem.startswith("das_table1_")]
+    if table2:
+        out["table2"] = format_table2(table2, dataset)
+        print(out["table2"])
+    if table1:
+        out["table1"] = format_table1(table1, dataset)
+        print(out["table1"])
+    common.write_json(f.out_json or runs_dir / "das_tables.json", out)
+    return out
+
+
+def _main() -> None:
+    f = flags.FLAGS
+    if f.rows:
+        run_rows(f)
+        return
+    record = run(f)
+    m = record["metrics"]
+    print(f"{record['row']}: " + ", ".join(f"{k} {v:.2f}" for k, v in m.items()))
+    if record.get("export_dir"):
+        print(f"SavedModel: {record['export_dir']}")
+
+
+main = absl_main(_main)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main, flags_parser=parse_flags)

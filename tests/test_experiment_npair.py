@@ -1,0 +1,82 @@
+"""experiments.npair_localization end to end at tiny size: rows, the table runner, pictures."""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from absl import flags
+
+from experiments import common
+from experiments import npair_localization as exp
+from tf_twobranch.data.embedded import generate_embedded_dataset
+
+TINY = ["--word_dim=8", "--embed_dim=8", "--epochs=2", "--steps_per_epoch=4", "--batch_size=16",
+        "--scene_cnn_epochs=1", "--verbose=0", "--protocol=folds_100", "--run_eagerly"]
+
+
+def test_every_das_flagfile_parses_with_its_paper_numbers():
+    configs = sorted(common.CONFIG_DIR.glob("das_*.cfg"))
+    stems = {c.stem for c in configs}
+    assert {"das_table2_random", "das_table2_centre", "das_table2_vgg_channel_mean", "das_table2_untrained",
+            "das_table2_npair_word", "das_table2_npair_phrase", "das_table2_triplet",
+            "das_table1_flickr30k", "das_table1_mscoco"} <= stems
+    for cfg in configs:
+        f = common.parse_flagfile(exp.define_flags, str(cfg), [])
+        paper = common.paper_numbers(f.paper_results)
+        if cfg.stem == "das_table2_npair_phrase":
+            assert paper is None            # the paper prints no number for it
+        else:
+            assert len(paper) == (6 if "table1" in cfg.stem else 1), cfg.stem
+    assert common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_triplet")),
+                                 []).loss == "triplet"
+
+
+@pytest.fixture(scope="module")
+def tiny_tables(tmp_path_factory):
+    dataset = generate_embedded_dataset(tmp_path_factory.mktemp("data") / "scenes", num_images=145,
+                                        splits=(40, 5, 100), with_proposals=False)
+    runs = tmp_path_factory.mktemp("runs")
+    f = flags.FlagValues()
+    exp.define_flags(f)
+    f(["prog", f"--dataset_dir={dataset}", *TINY, "--rows=das_table2_random,das_table2_centre,"
+       "das_table2_vgg_channel_mean,das_table2_untrained,das_table2_npair_word,das_table2_npair_phrase,"
+       "das_table1_flickr30k", f"--runs_dir={runs}", "--noexport"])
+    return dataset, runs, exp.run_rows(f)
+
+
+def test_runner_prints_table2_and_table1_and_shares_one_model(tiny_tables):
+    _, runs, out = tiny_tables
+    rows = out["rows"]
+    assert "Table 2" in out["table2"] and "Table 1" in out["table1"]
+    for stem in ("das_table2_random", "das_table2_centre", "das_table2_npair_word", "das_table2_npair_phrase"):
+        accuracy = rows[stem]["metrics"]["pointing_accuracy"]
+        assert 0.0 <= accuracy <= 100.0 and rows[stem]["trials"] > 0
+    assert "51.06" in out["table2"] and "27.24" in out["table2"]
+    # Word and phrase mode and the Table 1 row evaluate one trained model (trained once).
+    assert not (runs / "das_table2_npair_phrase" / "checkpoints").exists()
+    word = json.loads((runs / "das_table2_npair_word" / "results.json").read_text())
+    assert len(word["history"]["loss"]) == 2
+    assert set(word["pointing"]) == {"word", "phrase"}
+    assert rows["das_table2_npair_phrase"]["metrics"]["pointing_accuracy"] == word["pointing"]["phrase"]["accuracy"]
+    table1 = rows["das_table1_flickr30k"]["metrics"]
+    assert table1["rsum"] == word["retrieval"]["folds_100"]["rsum"]
+    # The untrained model is evaluated like the trained one: retrieval near chance.
+    untrained = json.loads((runs / "das_table2_untrained" / "results.json").read_text())
+    assert untrained["history"] == {} and "folds_100" in untrained["retrieval"]
+
+
+def test_heat_map_pictures_from_the_run_folder(tiny_tables, tmp_path):
+    from experiments import draw_heat_maps
+    _, runs, _ = tiny_tables
+    paths = draw_heat_maps.draw(runs / "das_table2_npair_word", tmp_path, [0, 1], parse_mode="phrase")
+    assert len(paths) == 2 and all(pathlib.Path(p).stat().st_size > 5000 for p in paths)
+    with pytest.raises(common.UserInputError, match="no results.json"):
+        draw_heat_maps.draw(tmp_path, tmp_path, [0])
+
+
+def test_baseline_rows_need_entities_annotations_and_bad_flags_are_clear(tmp_path):
+    with pytest.raises(Exception, match="backbone_weights"):
+        f = common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_npair_word")),
+                                  ["--image_backbone=vgg19", f"--run_dir={tmp_path}"])
+        exp.run(f)
+    assert np.isfinite(1.0)

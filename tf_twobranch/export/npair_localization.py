@@ -1,0 +1,271 @@
+"""SavedModel export of the N-pair localization model (Das et al.): JPEG bytes and captions in,
+the pair's score S(I, T) and its per-word localization maps out.
+
+Signature ``localize`` (also ``serving_default``), validated in the graph
+(`tf_twobranch.export.serving`):
+
+* inputs ``image_jpeg`` string (B,) of JPEG/PNG bytes and ``caption`` string
+  (B,) of raw sentences; pair b is image b with caption b.
+* ``score`` float32 (B,): S(I_b, T_b) exactly as the model's ``call`` (eq. 1
+  with the model's aggregator, token average and normalisation).
+* ``heat_maps`` float32 (B, T, h, w): the localization volume m_{r,c,t} =
+  a_{r,c}·s_t (§3.1) of the normalised inputs, one map per token position;
+  positions that are not words (``<start>``, ``<end>``, padding) are zero.
+* ``token_mask`` bool (B, T): the word positions.
+* ``tokens`` string (B, T): the vocabulary word at each word position, ""
+  elsewhere.
+* ``points`` int32 (B, T, 2): (x, y) = (column, row) of the maximum of each
+  map upsampled to the model's S×S input image (bilinear with half-pixel
+  centres, ties to the first pixel in row-major order: the rule of
+  `tf_twobranch.evaluation.pointing_game.heat_map_maximum`, §4.2). A
+  position that is not a word has an all-zero map and so points at (0, 0);
+  read ``token_mask``. Scale x by W/S and y by H/S for the original image.
+
+Images: decoded (JPEGs with the accurate DCT, as PIL), resized whole to the
+backbone's square input S (aspect ratio not kept, nothing cropped) and
+rounded to whole grey levels, the uint8 pixels of
+`tf_twobranch.features.images.load_images_at_size` that the backbone maps
+were computed from (an S×S image is not changed; a resized one differs from
+PIL's resize by at most one grey level).
+
+Captions: encoded as `tf_twobranch.features.prepare_npair.encode_token_lists`
+does: tokenized in the graph (`TokenCoder`, the tokens of
+`tokenize_caption`), words outside the vocabulary DROPPED, ids
+``<start> words <end>`` padded with ``<end>`` to ``max_tokens`` (=
+max_words + 2). Training clips nothing it scores silently, so a request
+does not either: a caption with more than max_words known words is rejected.
+
+Bad requests fail with ``InvalidArgumentError`` naming the input and the
+index of the first bad element: bytes that are not a JPEG/PNG or do not
+decode, an empty (whitespace-only) caption, a caption with no word of the
+vocabulary, a caption longer than max_words known words, batches of
+different sizes, empty batches or a wrong rank.
+
+Inside the SavedModel: the vocabulary in word-vector row order (variable
+``vocabulary``) and the model configuration JSON (variable ``config_json``);
+``assets.extra`` holds ``run_config.json`` (with the vocabulary) and the TF
+Serving warm-up file. The graph uses tensorflow-text's tokenizer ops:
+``import tensorflow_text`` before loading (``tf_twobranch.tools.saved_model_cli``).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tf_twobranch.data.text_codes import TokenCoder
+from tf_twobranch.data.tokenize import PAD_TOKEN, UNK_TOKEN, tokenize_caption
+from tf_twobranch.errors import ConfigError
+from tf_twobranch.export import serving
+from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
+from tf_twobranch.features.backbones import backbone_input_size
+from tf_twobranch.models import localization_volume as volume
+from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN, NPairLocalizationModel
+
+__all__ = ["RESERVED_TOKENS", "NPairServingModule", "export_npair_model"]
+
+#: The first four vocabulary entries (`tf_twobranch.features.prepare_npair.caption_inputs`); words follow.
+RESERVED_TOKENS = (PAD_TOKEN, UNK_TOKEN, START_TOKEN, END_TOKEN)
+FIRST_WORD_ID = len(RESERVED_TOKENS)
+START_ID, END_ID = RESERVED_TOKENS.index(START_TOKEN), RESERVED_TOKENS.index(END_TOKEN)
+
+
+def _check_vocabulary(vocabulary: Sequence[str], vocabulary_size: int) -> list[str]:
+    vocabulary = list(vocabulary)
+    if len(vocabulary) != vocabulary_size:
+        raise ConfigError(f"vocabulary: got {len(vocabulary)} entries but the model's vocabulary_size is "
+                          f"{vocabulary_size} (the rows of its word-vector table)")
+    if tuple(vocabulary[:FIRST_WORD_ID]) != RESERVED_TOKENS:
+        raise ConfigError(f"vocabulary must start with {list(RESERVED_TOKENS)} (the N-pair caption inputs, "
+                          f"tf_twobranch.features.prepare_npair), got {vocabulary[:FIRST_WORD_ID]}")
+    for index, word in enumerate(vocabulary):
+        if not isinstance(word, str) or not word.strip():
+            raise ConfigError(f"vocabulary: entry {index} must be a non-empty string, got {word!r}")
+    repeated = [word for word, count in collections.Counter(vocabulary).items() if count > 1]
+    if repeated:
+        raise ConfigError(f"vocabulary: words must be unique; repeated: {repeated[:5]}")
+    return vocabulary
+
+
+def _first_true(condition):
+    """Index of the first True of a (B,) bool tensor (0 when none)."""
+    return tf.argmax(tf.cast(condition, tf.int32), output_type=tf.int32)
+
+
+class NPairServingModule(tf.Module):
+    """The N-pair model from image bytes and caption strings to scores, maps and points."""
+
+    def __init__(self, model: NPairLocalizationModel, vocabulary: Sequence[str]):
+        super().__init__(name="npair_localization_serving")
+        cfg = model.config
+        if model.backbone is None:
+            raise ConfigError("export_npair_model needs the model's backbone (image -> spatial map): build the "
+                              "model with build_npair_model(..., backbone=...)")
+        self.vocabulary_words = _check_vocabulary(vocabulary, cfg.vocabulary_size)
+        if cfg.max_tokens < 3:
+            raise ConfigError(f"max_tokens must leave room for <start>, one word and <end>, got {cfg.max_tokens}")
+        self.image_size = backbone_input_size(model.backbone)
+        map_shape = tuple(model.backbone.output.shape)
+        if map_shape[1:] != (cfg.map_size, cfg.map_size, cfg.map_channels):
+            raise ConfigError(f"the backbone outputs maps of shape {map_shape[1:]} but the model expects "
+                              f"({cfg.map_size}, {cfg.map_size}, {cfg.map_channels}) (map_size, map_channels)")
+        self.max_tokens = int(cfg.max_tokens)
+        self.max_words = self.max_tokens - 2
+        self.config_json = tf.Variable(json.dumps(cfg.to_dict(), sort_keys=True), trainable=False,
+                                       name="model_config")
+        self.vocabulary = tf.Variable(self.vocabulary_words, trainable=False, dtype=tf.string, name="vocabulary")
+        self.coder = TokenCoder(self.vocabulary_words, name="token_coder")
+        # The layers the signature runs; the model object itself is not saved
+        # (its optimizer and loss tracker are of no use to a server).
+        self.backbone = model.backbone
+        self.projection = model.projection
+        self.word_embedding = model.word_embedding
+        self.lstm = model.lstm
+        serving.track_keras_variables(self, self.backbone, self.projection, self.word_embedding, self.lstm)
+
+        # autograph off: no tensor-dependent Python control flow, and every trace is paid twice (warm-up, save).
+        @tf.function(input_signature=[serving.jpeg_batch_spec("image_jpeg"), serving.string_batch_spec("caption")],
+                     autograph=False)
+        def localize(image_jpeg, caption):
+            pixels = self._pixels(image_jpeg)
+            token_ids, token_mask = self._caption_ids(caption)
+            same_batch = tf.debugging.Assert(
+                tf.equal(tf.shape(pixels)[0], tf.shape(token_ids)[0]),
+                ["image_jpeg and caption must have the same batch size (pair b is image b with caption b); got",
+                 tf.shape(pixels)[0], "images and", tf.shape(token_ids)[0], "captions"])
+            with tf.control_dependencies([same_batch]):
+                pixels = tf.identity(pixels)
+            # The model's own encoders and scorer, so the score is its `call`'s.
+            maps = model.image_maps({"backbone_map": self.backbone(pixels, training=False)}, training=False)
+            tokens = model.token_vectors(token_ids, training=False)
+            maps, tokens = model.normalised(maps, tokens, token_mask)
+            score = volume.paired_localization_scores(maps, tokens, token_mask, aggregator=cfg.aggregator,
+                                                      token_average=cfg.token_average)
+            heat_maps = tf.transpose(volume.localization_volume(maps, tokens), [0, 3, 1, 2])
+            heat_maps = tf.where(token_mask[:, :, None, None], heat_maps, tf.zeros_like(heat_maps))
+            words = tf.gather(tf.constant(self.vocabulary_words, tf.string), token_ids)
+            return {"score": score, "heat_maps": heat_maps, "token_mask": token_mask,
+                    "tokens": tf.where(token_mask, words, tf.fill(tf.shape(words), "")),
+                    "points": self._points(heat_maps)}
+
+        self.localize = localize
+
+    def signatures(self) -> dict:
+        return {"serving_default": self.localize, "localize": self.localize}
+
+    # ------------------------------------------------------------------ inputs
+    def _pixels(self, image_jpeg):
+        """(B, S, S, 3) float32 whole grey levels: the uint8 images of `load_images_at_size`."""
+        pixels = tf.round(serving.decode_jpeg_batch(image_jpeg, self.image_size, "image_jpeg"))
+        pixels.set_shape([None, self.image_size, self.image_size, 3])
+        return pixels
+
+    def _caption_ids(self, caption):
+        """(B, max_tokens) ids ``<start> words <end> <end>...`` and the (B, max_tokens) mask of the words."""
+        strings = serving.validate_strings(caption, "caption")
+        codes = self.coder(strings)
+        # The tokenizer never yields "<start>"/"<end>" (no "<"), but their ids must never count as words.
+        codes = tf.ragged.boolean_mask(codes, codes >= FIRST_WORD_ID)
+        lengths = tf.cast(codes.row_lengths(), tf.int32)
+        no_word, too_long = tf.equal(lengths, 0), lengths > self.max_words
+        checks = [
+            tf.debugging.Assert(
+                tf.logical_not(tf.reduce_any(no_word)),
+                ["caption has no word of the vocabulary (words outside it are dropped); first such element index:",
+                 _first_true(no_word), "caption:", tf.gather(strings, _first_true(no_word))]),
+            tf.debugging.Assert(
+                tf.logical_not(tf.reduce_any(too_long)),
+                [f"caption has more than max_words={self.max_words} words of the vocabulary (max_tokens="
+                 f"{self.max_tokens} holds <start>, the words and <end>); first such element index:",
+                 _first_true(too_long), "known words:", tf.gather(lengths, _first_true(too_long))]),
+        ]
+        with tf.control_dependencies(checks):
+            words = codes.to_tensor(default_value=END_ID, shape=[None, self.max_words])
+            batch = tf.shape(words)[0]
+        token_ids = tf.concat([tf.fill([batch, 1], START_ID), words, tf.fill([batch, 1], END_ID)], axis=1)
+        no_token = tf.zeros([batch, 1], tf.bool)
+        token_mask = tf.concat([no_token, tf.sequence_mask(lengths, self.max_words), no_token], axis=1)
+        token_ids.set_shape([None, self.max_tokens])
+        token_mask.set_shape([None, self.max_tokens])
+        return token_ids, token_mask
+
+    # ------------------------------------------------------------------ points
+    def _points(self, heat_maps):
+        """(B, T, 2) int32 (x, y) of each map's maximum at the input size, ties to the first in row-major order."""
+        shape = tf.shape(heat_maps)
+        size = self.image_size
+        flat_maps = tf.reshape(heat_maps, tf.concat([[-1], shape[2:], [1]], axis=0))
+        upsampled = tf.reshape(tf.image.resize(flat_maps, [size, size], method="bilinear"), [-1, size * size])
+        # tf.argmax does not promise which of equal values it returns: take the smallest index at the maximum.
+        at_max = tf.equal(upsampled, tf.reduce_max(upsampled, axis=1, keepdims=True))
+        first = tf.reduce_min(tf.where(at_max, tf.range(size * size)[None, :], size * size), axis=1)
+        points = tf.stack([first % size, first // size], axis=1)
+        return tf.reshape(points, tf.concat([shape[:2], [2]], axis=0))
+
+    # ------------------------------------------------------------------ warm-up
+    def warmup_requests(self) -> list[tuple[str, dict]]:
+        """Two pairs: a grey S×S JPEG and one of another shape (the resize path), two captions."""
+        words = [w for w in self.vocabulary_words[FIRST_WORD_ID:] if tokenize_caption(w) == [w]]
+        if not words:
+            raise ConfigError("the vocabulary has no word a caption can contain (every word changes under "
+                              "tokenize_caption): nothing can be served")
+        captions = [" ".join(words[:min(3, self.max_words)]), f"the {words[-1]} !"]
+        images = [warmup_jpeg(self.image_size, self.image_size),
+                  warmup_jpeg(self.image_size // 2 + 1, self.image_size + 3)]
+        request = {"image_jpeg": images, "caption": captions}
+        return [("localize", request), ("serving_default", request)]
+
+
+def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary: Sequence[str],
+                       run_config: dict | None = None, overwrite: bool = True,
+                       model_name: str = "npair_localization") -> pathlib.Path:
+    """Writes the serving SavedModel of `model` to `export_dir` (atomically; see the module docstring).
+
+    Args:
+      model: a built (trained) `NPairLocalizationModel` with its backbone.
+      export_dir: output directory (replaced when `overwrite`).
+      vocabulary: ``["<pad>", "<unk>", "<start>", "<end>", words...]`` in the
+        row order of the word vectors (``vocabulary_size`` entries), as
+        `tf_twobranch.features.prepare_npair.caption_inputs` builds it.
+      run_config: written to ``assets.extra/run_config.json`` (default
+        ``{"model": model.config}``) with an ``"npair_export"`` entry: the
+        vocabulary, the image size, max_words and the signatures.
+      overwrite: replace an existing `export_dir`.
+      model_name: ``model_spec.name`` in the warm-up requests.
+
+    The warm-up requests are run before saving and replayed on the reloaded
+    SavedModel afterwards (what TF Serving does on load); a failure of either raises.
+
+    Returns:
+      The export directory.
+
+    Raises:
+      ConfigError: no backbone, a backbone whose maps do not fit the model,
+        or a vocabulary that does not fit the model (size, reserved tokens,
+        empty or repeated words).
+      FileExistsError: `export_dir` exists and not `overwrite`.
+    """
+    if pathlib.Path(export_dir).exists() and not overwrite:
+        raise FileExistsError(f"{export_dir} exists")
+    module = NPairServingModule(model, vocabulary)
+    config = dict(run_config) if run_config else {"model": model.config.to_dict()}
+    config["npair_export"] = {
+        "vocabulary": list(module.vocabulary_words), "image_size": module.image_size,
+        "max_words": module.max_words, "max_tokens": module.max_tokens,
+        "image_preprocessing": "whole image resized (bilinear, antialiased) to image_size x image_size, rounded",
+        "points": "(x, y) = (column, row) in the image_size x image_size input; (0, 0) where token_mask is False",
+        "signatures": sorted(module.signatures())}
+    path = save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
+    _replay_warmup_requests(path)
+    return path
+
+
+def _replay_warmup_requests(export_dir: pathlib.Path) -> None:
+    """Runs the written warm-up file through the reloaded SavedModel, as TF Serving does on load."""
+    loaded = tf.saved_model.load(str(export_dir))
+    for signature_name, inputs in serving.read_warmup_requests(export_dir):
+        loaded.signatures[signature_name](**{name: tf.constant(value) for name, value in inputs.items()})
