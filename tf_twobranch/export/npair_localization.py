@@ -54,7 +54,6 @@ import json
 import pathlib
 from typing import Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.data.text_codes import TokenCoder
