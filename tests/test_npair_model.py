@@ -109,3 +109,21 @@ def test_spatial_backbones(tmp_path):
     assert tuple(scene.output.shape[1:]) == (2, 2, 8)
     out = scene(tf.zeros((1, 32, 32, 3)))
     assert out.shape == (1, 2, 2, 8)
+
+
+def test_backbone_trained_end_to_end_from_images_or_frozen(tmp_path):
+    from tf_twobranch.features.scene_cnn import build_scene_cnn
+    _, extractor = build_scene_cnn(32, 10, feature_dim=8, widths=(4, 4, 8, 5))
+    batch = tiny_batch()
+    images = np.random.default_rng(2).uniform(0, 255, (6, 32, 32, 3)).astype(np.float32)
+    data = {"image": images, "token_ids": batch["token_ids"], "token_mask": batch["token_mask"]}
+    for train_backbone in (True, False):
+        backbone = keras.Model(extractor.input, extractor.get_layer("global_pool").input)
+        model = build_npair_model(tiny_config(map_size=2, train_backbone=train_backbone), backbone=backbone)
+        model.compile(keras.optimizers.SGD(0.05), run_eagerly=True)
+        before = [w.numpy().copy() for w in backbone.weights]
+        model.train_on_batch(data)
+        changed = any(not np.array_equal(a, w.numpy()) for a, w in zip(before, backbone.weights))
+        assert changed == train_backbone
+    with pytest.raises(ConfigError, match="train_backbone needs the backbone"):
+        build_npair_model(tiny_config(train_backbone=True))
