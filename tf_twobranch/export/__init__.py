@@ -6,6 +6,7 @@
 * `dual_path`: the dual-path CNN of the instance loss (`export_dual_path`).
 * `localization`: region–phrase scoring from image bytes, boxes and phrases (`export_region_phrase_model`).
 * `fragment_embedding`: deep fragment embeddings: fragment towers, S_kl and the alignment matrix (`export_fragment_model`).
+* `npair_localization`: Das et al.: JPEG + raw caption → score, per-token heat maps, arg-max points (`export_npair_model`).
 
 ``saved_model_cli`` with the tensorflow-text ops registered is the command-line
 tool `tf_twobranch.tools.saved_model_cli`.
@@ -22,6 +23,7 @@ from tf_twobranch.export.saved_model import TowerServingModule, save_module_atom
 from tf_twobranch.export.two_branch import TwoBranchServingModule, export_saved_model
 from tf_twobranch.export.dual_path import DualPathServingModule, embed_with_keras, export_dual_path
 from tf_twobranch.export.fragment_embedding import FragmentServingModule, export_fragment_model
+from tf_twobranch.export.npair_localization import NPairServingModule, export_npair_model
 from tf_twobranch.export.localization import (
     BOX_CONVENTIONS,
     RegionPhraseServingModule,
@@ -35,12 +37,14 @@ __all__ = [
     "export_dual_path",
     "export_region_phrase_model",
     "export_fragment_model",
+    "export_npair_model",
     "save_module_atomically",
     "TowerServingModule",
     "TwoBranchServingModule",
     "DualPathServingModule",
     "RegionPhraseServingModule",
     "FragmentServingModule",
+    "NPairServingModule",
     "embed_with_keras",
     "warmup_jpeg",
     "BOX_CONVENTIONS",
