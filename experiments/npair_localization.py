@@ -43,7 +43,7 @@ from tf_twobranch.evaluation import localization_maps, retrieval
 from tf_twobranch.evaluation.localization_retrieval import evaluate_localization_retrieval
 from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.features.prepare_npair import (NPairInputSpec, backbone_maps, caption_inputs,
-                                                 spatial_backbone, split_images)
+                                                 phrase_parsed_captions, spatial_backbone, split_images)
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.npair_localization import (NPairLocalizationConfig, build_npair_model,
                                                     load_npair_config, save_npair_config)
@@ -77,6 +77,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_enum("parse_mode", "word", list(localization_maps.PARSE_MODES),
                       "Pointing game heat map of a phrase: the mean of its words' maps (word) or the map "
                       "of one token from the mean of its word vectors (phrase).", **d)
+    flags.DEFINE_enum("train_parse_mode", "word", list(localization_maps.PARSE_MODES),
+                      "Training captions: word by word (the caption file), or phrase-parsed Flickr30K Entities "
+                      "sentences with each annotated phrase one input, the mean of its word vectors (the "
+                      "authors' code's parse_mode='phrase').", **d)
     flags.DEFINE_enum("pointing_counting", "phrase", ["phrase", "per_box"],
                       "phrase: one trial per phrase, a hit inside any of its boxes (the paper); per_box: "
                       "one trial per ground-truth box (the authors' code).", **d)
@@ -268,6 +272,14 @@ def run(f) -> dict:
             image_inputs, image_key = split_images(layout, splits["train"], int(backbone.input.shape[1])), "image"
         else:
             image_inputs, image_key = maps["train"], "backbone_map"
+        captions, token_key, caption_image = train.token_ids, "token_ids", splits["train"].caption_image
+        if f.train_parse_mode == "phrase":
+            if layout.entities_dir is None:
+                raise common.UserInputError(f"{source}: --train_parse_mode=phrase needs the Flickr30K Entities "
+                                            "Sentences/ and Annotations/ of the training images")
+            train = phrase_parsed_captions(layout.entities_dir, splits["train"].image_ids, text.vocabulary,
+                                           text.word_matrix, f.max_words)
+            captions, token_key, caption_image = train.word_inputs, "word_inputs", train.caption_image
         with strategy.scope():
             optimizer = keras.optimizers.SGD(_learning_rate(f, steps), momentum=f.momentum,
                                              weight_decay=f.weight_decay or None)
@@ -275,10 +287,9 @@ def run(f) -> dict:
         tcfg = common.train_config(f, epochs=f.epochs, learning_rate=f.learning_rate, optimizer="sgd")
 
         def dataset(start_step=0):
-            return npair_batches.train_dataset(image_inputs, train.token_ids, train.token_mask,
-                                               splits["train"].caption_image, train.trainable,
-                                               batch_size=f.batch_size, seed=f.seed, start_step=start_step,
-                                               image_key=image_key)
+            return npair_batches.train_dataset(image_inputs, captions, train.token_mask, caption_image,
+                                               train.trainable, batch_size=f.batch_size, seed=f.seed,
+                                               start_step=start_step, image_key=image_key, token_key=token_key)
 
         run_config = {"model": config.to_dict(), "train": tcfg.__dict__, **common.flag_record(f, typed),
                       "task": "npair_localization"}

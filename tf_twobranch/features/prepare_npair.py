@@ -45,7 +45,8 @@ from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN
 
 __all__ = ["NPairInputSpec", "NPairText", "CaptionTokens", "spatial_backbone", "backbone_input_size",
-           "split_images", "backbone_maps", "caption_inputs", "encode_token_lists", "encode_words"]
+           "split_images", "backbone_maps", "caption_inputs", "encode_token_lists", "encode_words",
+           "PhraseParsedCaptions", "phrase_parsed_captions"]
 
 BACKBONES = ("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152")
 
@@ -190,3 +191,49 @@ def caption_inputs(splits: Mapping[str, CaptionCorpus], spec: NPairInputSpec) ->
                                  f"{corpus.image_ids[corpus.caption_image[i]]} ({corpus.captions[i]!r}) has no "
                                  "word with a vector in the training vocabulary; it cannot be scored")
     return NPairText(vocabulary, matrix, out, spec.max_words)
+
+
+@dataclasses.dataclass
+class PhraseParsedCaptions:
+    """Training captions in the code's phrase parse mode: LSTM inputs (N, T, word_dim), in which
+    each annotated phrase is ONE input, the mean of its known words' vectors."""
+    word_inputs: np.ndarray
+    token_mask: np.ndarray
+    trainable: np.ndarray
+    caption_image: np.ndarray
+
+
+def phrase_parsed_captions(entities_root, image_ids: Sequence[str], vocabulary: Sequence[str],
+                           word_matrix: np.ndarray, max_words: int) -> PhraseParsedCaptions:
+    """The Flickr30K Entities sentences of `image_ids`, phrase-parsed (every annotated phrase, as the
+    authors' caption parser does; words without a vector dropped, a phrase with none dropped)."""
+    from tf_twobranch.data.formats.flickr30k_entities import read_entities_dataset
+
+    index = {w: i for i, w in enumerate(vocabulary) if i >= 4}
+    start, end = word_matrix[vocabulary.index(START_TOKEN)], word_matrix[vocabulary.index(END_TOKEN)]
+    rows, owners = [], []
+    for row, image in enumerate(read_entities_dataset(entities_root, list(image_ids))):
+        for sentence in image.sentences:
+            starts = {p.first_word_index: p.num_words for p in sentence.phrases}
+            words = [w.lower() for w in sentence.words]
+            items, i = [], 0
+            while i < len(words):
+                span = starts.get(i, 1)
+                known = [index[w] for w in words[i:i + span] if w in index]
+                if known:
+                    items.append(word_matrix[known].mean(axis=0))
+                i += span
+            rows.append(items)
+            owners.append(row)
+    n, width = len(rows), max_words + 2
+    inputs = np.repeat(np.repeat(end[None, None, :], width, axis=1), n, axis=0).astype(np.float32)
+    inputs[:, 0] = start
+    mask = np.zeros((n, width), bool)
+    trainable = np.zeros(n, bool)
+    for r, items in enumerate(rows):
+        trainable[r] = 0 < len(items) <= max_words
+        items = items[:max_words]
+        if items:
+            inputs[r, 1:1 + len(items)] = np.stack(items)
+            mask[r, 1:1 + len(items)] = True
+    return PhraseParsedCaptions(inputs, mask, trainable, np.asarray(owners, np.int32))

@@ -19,7 +19,8 @@
 
 Training batches are dicts: ``backbone_map`` (B, h, w, C) precomputed CNN
 maps (frozen CNN) or ``image`` (B, S, S, 3) RGB 0..255 (CNN trained end to
-end, ``train_backbone``); ``token_ids`` (B, T) int32 and ``token_mask`` (B, T).
+end, ``train_backbone``); ``token_ids`` (B, T) int32 (or ``word_inputs`` (B, T, word_dim):
+phrase-parsed captions) and ``token_mask`` (B, T).
 Image b is paired with caption b.
 """
 from __future__ import annotations
@@ -149,7 +150,10 @@ class NPairLocalizationModel(keras.Model):
 
     def encode(self, batch, training=False):
         maps = self.image_maps(batch, training)
-        tokens = self.token_vectors(batch["token_ids"], training)
+        # Phrase-parsed captions (the code's parse_mode="phrase") come as LSTM inputs: a phrase is
+        # one input, the mean of its words' vectors.
+        tokens = (self.token_vectors_from_inputs(batch["word_inputs"], training) if "word_inputs" in batch
+                  else self.token_vectors(batch["token_ids"], training))
         maps, tokens = self.normalised(maps, tokens, batch["token_mask"])
         return maps, tokens
 

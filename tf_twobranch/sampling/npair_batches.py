@@ -43,13 +43,14 @@ def batch_rows(caption_image, trainable, batch_size: int, step, seed: int):
 
 def train_dataset(image_inputs: np.ndarray, token_ids: np.ndarray, token_mask: np.ndarray, caption_image,
                   trainable, *, batch_size: int, seed: int, start_step: int = 0,
-                  image_key: str = "backbone_map") -> tf.data.Dataset:
+                  image_key: str = "backbone_map", token_key: str = "token_ids") -> tf.data.Dataset:
     """The infinite stream of batches from step `start_step` on.
 
     Args:
       image_inputs: per image, the frozen backbone's map (``image_key`` "backbone_map") or
         the uint8 image (``"image"``, for a backbone trained end to end; cast to float32).
-      token_ids, token_mask: (num_captions, T) of every training caption.
+      token_ids, token_mask: (num_captions, T) of every training caption; with ``token_key``
+        "word_inputs", `token_ids` are (num_captions, T, word_dim) LSTM inputs (phrase-parsed).
       caption_image: the image row of every caption; trainable: which captions may be drawn.
     """
     images, rows, local = trainable_pairs(caption_image, trainable)
@@ -58,13 +59,14 @@ def train_dataset(image_inputs: np.ndarray, token_ids: np.ndarray, token_mask: n
                           "caption (a batch holds distinct images)")
     order, starts, counts = (tf.constant(a) for a in sentences_by_image(local, len(images)))
     images_t = tf.constant(np.asarray(image_inputs)[images])
-    ids_t = tf.constant(np.asarray(token_ids, np.int32)[rows])
+    ids = np.asarray(token_ids)[rows]
+    ids_t = tf.constant(ids.astype(np.float32) if token_key == "word_inputs" else ids.astype(np.int32))
     mask_t = tf.constant(np.asarray(token_mask, bool)[rows])
 
     def batch(step):
         chosen_images, chosen = draw_distinct_images(order, starts, counts, len(images), batch_size, step, seed)
         pixels = tf.gather(images_t, chosen_images)
-        return {image_key: tf.cast(pixels, tf.float32), "token_ids": tf.gather(ids_t, chosen),
+        return {image_key: tf.cast(pixels, tf.float32), token_key: tf.gather(ids_t, chosen),
                 "token_mask": tf.gather(mask_t, chosen)}
 
     return (tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
