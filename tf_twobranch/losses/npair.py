@@ -163,8 +163,13 @@ def localization_batch_loss(image_maps, token_vectors, token_mask, *, loss: str 
     score_options = dict(aggregator=aggregator, token_average=token_average)
     image_anchor_scores = pairwise_localization_scores(image_maps, all_tokens, all_mask > 0,
                                                        **score_options)
-    text_anchor_scores = tf.transpose(pairwise_localization_scores(all_maps, token_vectors,
-                                                                   token_mask > 0, **score_options))
+    if distribute.num_replicas() == 1:
+        # One replica: both directions read the same N×N matrix (scoring it twice doubles the
+        # step's largest matmul; benchmarks/bench_npair.py).
+        text_anchor_scores = tf.transpose(image_anchor_scores)
+    else:
+        text_anchor_scores = tf.transpose(pairwise_localization_scores(all_maps, token_vectors,
+                                                                       token_mask > 0, **score_options))
     positive_index = distribute.local_row_offset(local_rows) + tf.range(local_rows, dtype=tf.int32)
     if loss == "npair":
         per_example = npair_loss(image_anchor_scores, text_anchor_scores,
