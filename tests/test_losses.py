@@ -127,7 +127,8 @@ def test_loss_classes_are_keras_losses_without_own_call():
         classes |= {v for v in vars(module).values()
                     if isinstance(v, type) and issubclass(v, keras.losses.Loss)
                     and v.__module__ == module.__name__}
-    assert {c.__name__ for c in classes} == {"LogisticPairLoss", "InstanceLoss", "CosineRankingLoss"}
+    assert {c.__name__ for c in classes} == {"LogisticPairLoss", "InstanceLoss", "CosineRankingLoss",
+                                             "NPairLoss", "HardestNegativeTripletLoss"}
     assert all("__call__" not in vars(c) for c in classes)
     assert all(getattr(losses, c.__name__) is c for c in classes)
 

@@ -42,13 +42,14 @@ def test_captions_are_start_words_end_padded_with_end_unknown_words_dropped():
     np.testing.assert_array_equal(tokens.trainable, [True, False, False])   # no known word: not trainable
 
 
-@pytest.mark.parametrize("loss", ["npair", "triplet"])
-def test_training_reduces_the_loss_and_scores_follow_the_volume(loss):
+@pytest.mark.parametrize("loss,seed", [("npair", 0), ("npair", 1), ("triplet", 0)])
+def test_training_reduces_the_loss_and_scores_follow_the_volume(loss, seed):
+    keras.utils.set_random_seed(seed)
     model = build_npair_model(tiny_config(loss=loss))
-    model.compile(keras.optimizers.SGD(0.05, momentum=0.9), run_eagerly=True)
+    model.compile(keras.optimizers.Adam(0.01), run_eagerly=True)
     batch = tiny_batch()
     losses = [float(model.train_on_batch(batch, return_dict=True)["loss"]) for _ in range(15)]
-    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    assert np.all(np.isfinite(losses)) and max(losses[-3:]) < 0.9 * losses[0], losses
     maps, tokens = model.encode(batch)
     want = volume.paired_localization_scores(maps, tokens, batch["token_mask"])
     np.testing.assert_allclose(model(batch).numpy(), want.numpy(), rtol=1e-5)
