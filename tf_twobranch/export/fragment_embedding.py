@@ -384,12 +384,5 @@ def export_fragment_model(model: FragmentEmbeddingModel, export_dir, *, relation
                                  "signatures": sorted(module.signatures())}
     path = save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
     # What TF Serving will do on load: replay the warm-up file on the written model.
-    _replay_warmup_requests(path)
+    serving.replay_warmup_file(path)
     return path
-
-
-def _replay_warmup_requests(export_dir: pathlib.Path) -> None:
-    """Runs the written warm-up file through the reloaded SavedModel, as TF Serving does on load."""
-    loaded = tf.saved_model.load(str(export_dir))
-    for signature_name, inputs in serving.read_warmup_requests(export_dir):
-        loaded.signatures[signature_name](**{name: tf.constant(value) for name, value in inputs.items()})

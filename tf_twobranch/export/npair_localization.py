@@ -259,12 +259,5 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
         "points": "(x, y) = (column, row) in the image_size x image_size input; (0, 0) where token_mask is False",
         "signatures": sorted(module.signatures())}
     path = save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
-    _replay_warmup_requests(path)
+    serving.replay_warmup_file(path)
     return path
-
-
-def _replay_warmup_requests(export_dir: pathlib.Path) -> None:
-    """Runs the written warm-up file through the reloaded SavedModel, as TF Serving does on load."""
-    loaded = tf.saved_model.load(str(export_dir))
-    for signature_name, inputs in serving.read_warmup_requests(export_dir):
-        loaded.signatures[signature_name](**{name: tf.constant(value) for name, value in inputs.items()})

@@ -52,6 +52,7 @@ from tf_twobranch.image_decoding import describe_image_formats, tf_decode_image,
 
 __all__ = [
     "WARMUP_FILENAME",
+    "replay_warmup_file",
     "IMAGE_FORMATS",
     "track_keras_variables",
     "string_batch_spec",
@@ -469,3 +470,10 @@ def run_warmup_requests(signatures: Mapping[str, object],
                 for spec in specs]
         outputs.append({k: v.numpy() for k, v in function(*args).items()})
     return outputs
+
+
+def replay_warmup_file(export_dir) -> None:
+    """Runs a written SavedModel's warm-up file through the reloaded model, as TF Serving does on load."""
+    loaded = tf.saved_model.load(str(export_dir))
+    for signature_name, inputs in read_warmup_requests(export_dir):
+        loaded.signatures[signature_name](**{name: tf.constant(value) for name, value in inputs.items()})
