@@ -466,23 +466,6 @@ def _row_configs(f) -> list[pathlib.Path]:
 _RUNNER_FLAGS = {"rows", "table", "runs_dir", "out_json", "run_dir", "row_name", "paper_results"}
 
 
-def _overrides(f) -> list[str]:
-    """The row flags typed on the command line, passed on to every row."""
-    row_flags = flags.FlagValues()
-    define_flags(row_flags)
-    out = []
-    for name, value in common.typed_flags(f).items():
-        if name in _RUNNER_FLAGS or name not in row_flags:
-            continue
-        if isinstance(value, bool):
-            out.append(f"--{name}" if value else f"--no{name}")
-        elif isinstance(value, list):
-            out.append(f"--{name}={','.join(map(str, value))}")
-        else:
-            out.append(f"--{name}={value}")
-    return out
-
-
 def _finished(row) -> dict | None:
     """The results of a row already trained in its run folder with the same flags (a table resumes)."""
     path = pathlib.Path(row.run_dir) / "results.json"
@@ -500,7 +483,7 @@ def run_rows(f) -> dict:
     trained again, so an interrupted table resumes.
     """
     configs = _row_configs(f)
-    overrides = _overrides(f)
+    overrides = common.row_overrides(f, define_flags, _RUNNER_FLAGS)
     runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs"
     results, done = {}, {}
     for cfg in configs:

@@ -397,22 +397,6 @@ def _row_configs(f) -> list[pathlib.Path]:
     return [common.resolve_config(name) for name in f.rows]
 
 
-def _overrides(f) -> list[str]:
-    row_flags = flags.FlagValues()
-    define_flags(row_flags)
-    out = []
-    for name, value in common.typed_flags(f).items():
-        if name in _RUNNER_FLAGS or name not in row_flags:
-            continue
-        if isinstance(value, bool):
-            out.append(f"--{name}" if value else f"--no{name}")
-        elif isinstance(value, list):
-            out.append(f"--{name}={','.join(map(str, value))}")
-        else:
-            out.append(f"--{name}={value}")
-    return out
-
-
 def _training_key(row) -> tuple:
     typed = common.typed_flags(row)
     return tuple(sorted((k, str(v)) for k, v in typed.items() if k not in _EVALUATION_ONLY | _RUNNER_FLAGS))
@@ -426,7 +410,7 @@ def run_rows(f) -> dict:
     same flags is not run again, so an interrupted table resumes.
     """
     runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs"
-    overrides = _overrides(f)
+    overrides = common.row_overrides(f, define_flags, _RUNNER_FLAGS)
     trained: dict = {}
     results = {}
     start = time.time()
