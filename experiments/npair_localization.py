@@ -179,14 +179,15 @@ def caption_token_vectors(model, token_ids: np.ndarray, chunk: int = 512) -> np.
                            for i in range(0, len(token_ids), chunk)])
 
 
-def evaluate_retrieval(model, maps: np.ndarray, tokens, caption_image, protocol: str) -> dict:
-    """R@K, median/mean rank and rsum of S(I, T) over the split through the one evaluation core."""
-    image_maps = localization_maps.projected_maps(model, maps)
+def evaluate_retrieval(model, image_maps: np.ndarray, tokens, caption_image, protocols) -> dict:
+    """Per protocol: R@K, median/mean rank and rsum of S(I, T) over the split through the one
+    evaluation core. `image_maps` are the split's projected maps (`projected_maps`)."""
     vectors = caption_token_vectors(model, tokens.token_ids)
     image_maps, vectors = (np.asarray(x) for x in model.normalised(image_maps, vectors, tokens.token_mask))
     c = model.config
-    return evaluate_localization_retrieval(image_maps, vectors, tokens.token_mask, caption_image, protocol,
-                                           aggregator=c.aggregator, token_average=c.token_average)
+    return {p: evaluate_localization_retrieval(image_maps, vectors, tokens.token_mask, caption_image, p,
+                                               aggregator=c.aggregator, token_average=c.token_average)
+            for p in protocols}
 
 
 def evaluation_queries(layout, corpus):
@@ -195,10 +196,9 @@ def evaluation_queries(layout, corpus):
     return pointing_queries(layout.entities_dir, list(corpus.image_ids))
 
 
-def evaluate_pointing(model, maps: np.ndarray, corpus, queries, vocabulary, max_words: int,
+def evaluate_pointing(model, image_maps: np.ndarray, corpus, queries, vocabulary, max_words: int,
                       counting: str) -> dict:
-    """Pointing-game results in both parse modes."""
-    image_maps = localization_maps.projected_maps(model, maps)
+    """Pointing-game results in both parse modes; `image_maps` as for `evaluate_retrieval`."""
     by_image = dict(zip(corpus.image_ids, image_maps))
     return {mode: localization_maps.pointing_results(
         queries, localization_maps.query_heat_maps(model, by_image, queries, vocabulary, mode=mode,
@@ -302,14 +302,14 @@ def run(f) -> dict:
         save_npair_config(run_dir / "npair_config.json", config, vocabulary=text.vocabulary)
         model.save_weights(run_dir / "untrained.weights.h5")
     record["history"] = history
-    tokens = text.splits[f.eval_split]
-    record["retrieval"] = {p: evaluate_retrieval(model, maps[f.eval_split], tokens, evaluation.caption_image, p)
-                           for p in dict.fromkeys([f.protocol] + (["folds_100"] if evaluation.num_images >= 100
-                                                                  else []))}
+    image_maps = localization_maps.projected_maps(model, maps[f.eval_split])
+    protocols = dict.fromkeys([f.protocol] + (["folds_100"] if evaluation.num_images >= 100 else []))
+    record["retrieval"] = evaluate_retrieval(model, image_maps, text.splits[f.eval_split],
+                                             evaluation.caption_image, protocols)
     record["random_baseline"] = retrieval.random_baseline_metrics(
         evaluation.num_images, evaluation.caption_image, protocol=f.protocol, seed=f.seed)
     if queries is not None:
-        record["pointing"] = evaluate_pointing(model, maps[f.eval_split], evaluation, queries, text.vocabulary,
+        record["pointing"] = evaluate_pointing(model, image_maps, evaluation, queries, text.vocabulary,
                                                f.max_words, f.pointing_counting)
     _summary(record, f)
     logging.info("%s: %s", row_name, {k: round(v, 2) for k, v in record["metrics"].items()})
