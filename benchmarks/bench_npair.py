@@ -176,7 +176,7 @@ def _loss_block_call(sizes: dict):
     import tensorflow as tf
 
     from tf_twobranch.losses.npair import localization_batch_loss
-    from tf_twobranch.models.localization_volume import normalise_localization_inputs
+    from tf_twobranch.losses.localization_volume import normalise_localization_inputs
     rng = np.random.default_rng(1)
     b, h, t, d = sizes["batch"], sizes["map"], sizes["tokens"], sizes["dim"]
     maps = tf.constant(rng.standard_normal((b, h, h, d), dtype=np.float32))

@@ -20,7 +20,7 @@ from tf_twobranch.export.npair_localization import export_npair_model
 from tf_twobranch.export.serving import read_warmup_requests
 from tf_twobranch.features.prepare_npair import encode_token_lists
 from tf_twobranch.features.scene_cnn import build_scene_cnn
-from tf_twobranch.models.localization_volume import localization_volume
+from tf_twobranch.losses.localization_volume import localization_volume
 from tf_twobranch.models.npair_localization import NPairLocalizationConfig, build_npair_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -33,6 +33,8 @@ from tf_twobranch.errors import ConfigError
 
 PAD_TOKEN = "<pad>"
 UNK_TOKEN = "<unk>"
+# Caption boundaries of the N-pair localization model's LSTM input (Das et al.; the authors' code).
+START_TOKEN, END_TOKEN = "<start>", "<end>"
 
 # Applied in this order; "&amp;" last gives html.unescape's single-pass result.
 _ENTITIES = (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&apos;", "'"),

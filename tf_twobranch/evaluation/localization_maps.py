@@ -23,9 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
+from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation import pointing_game
-from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN
 
 __all__ = ["PARSE_MODES", "projected_maps", "query_heat_maps", "pointing_results", "baseline_points",
            "channel_mean_heat_maps", "draw_phrase_heat_maps"]

@@ -1,7 +1,7 @@
 """Image–caption retrieval with the localization-volume score S(I, T) (Das et al., eq. 1, Table 1).
 
 S_MaxImage (and the other aggregators of
-`tf_twobranch.models.localization_volume`) reduces the volume
+`tf_twobranch.losses.localization_volume`) reduces the volume
 m_{r,c,t} = a_{r,c}·s_t of a pair, so it is not a dot product of two global
 vectors. `localization_score_fn` computes it block by block for the one
 evaluation core (`tf_twobranch.evaluation.retrieval.ranks_from_score_fn`):
@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.models.localization_volume import (AGGREGATORS, TOKEN_AVERAGES,
+from tf_twobranch.losses.localization_volume import (AGGREGATORS, TOKEN_AVERAGES,
                                                       pairwise_localization_scores)
 
 __all__ = ["DEFAULT_IMAGE_CHUNK", "DEFAULT_CAPTION_CHUNK", "localization_score_fn",

@@ -62,7 +62,7 @@ from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import serving
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
-from tf_twobranch.models import localization_volume as volume
+from tf_twobranch.losses import localization_volume as volume
 from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN, NPairLocalizationModel
 
 __all__ = ["RESERVED_TOKENS", "NPairServingModule", "export_npair_model"]

@@ -36,13 +36,12 @@ from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.text_codes import build_text_vocabulary, initial_word_matrix
-from tf_twobranch.data.tokenize import tokenize_caption
+from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN, tokenize_caption
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.features.backbones import build_spatial_backbone
 from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.prepare import cache_digest, cached_scene_cnn
 from tf_twobranch.features.word_vectors import train_word_vectors
-from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN
 
 __all__ = ["NPairInputSpec", "NPairText", "CaptionTokens", "spatial_backbone", "backbone_input_size",
            "split_images", "backbone_maps", "caption_inputs", "encode_token_lists", "encode_words",

@@ -6,6 +6,7 @@
 * `instance`: dual-path CNN losses (Zheng et al. 2020); Keras `InstanceLoss`, `CosineRankingLoss`.
 * `fragment`: deep fragment embedding objectives (Karpathy et al. 2014, eqs. 4–7; import the module).
 * `npair`: N-pair and hardest-negative triplet losses on localization-volume scores (Das et al., eqs. 2–7); Keras `NPairLoss`, `HardestNegativeTripletLoss`.
+* `localization_volume`: the localization volume m_{r,c,t} = a_{r,c}·s_t and its scores, S_MaxImage and the code's aggregators (Das et al., eq. 1; import the module).
 
 Every loss is a pure function of tensors. A `keras.losses.Loss` class exists
 only where the loss has per-example values (Keras reduces and weights them);

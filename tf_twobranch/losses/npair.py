@@ -1,7 +1,7 @@
 """N-pair and hardest-negative triplet losses on image–caption score matrices (Das et al., §3.2).
 
 Scores S(I, T) come from any scorer; `localization_batch_loss` uses the
-localization volume's (`tf_twobranch.models.localization_volume`, eq. 1).
+localization volume's (`tf_twobranch.losses.localization_volume`, eq. 1).
 Every function takes two row-aligned views of the batch's score matrix:
 
 * ``image_anchor_scores`` (B_l, N): row j = S(I_j, T_i) of anchor image j
@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from tf_twobranch import distribute
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.models.localization_volume import pairwise_localization_scores
+from tf_twobranch.losses.localization_volume import pairwise_localization_scores
 
 __all__ = ["BATCH_LOSSES", "npair_loss", "hardest_negative_triplet_loss",
            "localization_batch_loss", "NPairLoss", "HardestNegativeTripletLoss"]

@@ -11,7 +11,7 @@
   padded to ``max_tokens`` (the code: 20 words, 22 positions); the mask marks
   the words.
 * Localization volume m_{r,c,t} = a_{r,c}·s_t and the score S(I, T) =
-  `tf_twobranch.models.localization_volume.pairwise_localization_scores`
+  `tf_twobranch.losses.localization_volume.pairwise_localization_scores`
   (eq. 1, S_MaxImage, by default).
 * Loss: the N-pair loss over the batch's N×N score matrix (eqs. 5–7), or the
   triplet loss with hardest in-batch negatives (eqs. 2–4), under the
@@ -32,13 +32,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses import npair as npair_losses
-from tf_twobranch.models import localization_volume as volume
+from tf_twobranch.losses import localization_volume as volume
 
 LOSSES = ("npair", "triplet")
-START_TOKEN, END_TOKEN = "<start>", "<end>"
 
 __all__ = ["LOSSES", "START_TOKEN", "END_TOKEN", "NPairLocalizationConfig", "NPairLocalizationModel",
            "build_npair_model", "save_npair_config", "load_npair_config"]
