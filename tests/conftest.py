@@ -5,6 +5,9 @@ import pathlib
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Before any test module imports TensorFlow: the package's TensorFlow defaults
+# (tf_twobranch/__init__.py) hold in every test process whatever the import order.
+import tf_twobranch  # noqa: E402,F401
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 REALDATA = REPO_ROOT.parent / "shared" / "realdata"

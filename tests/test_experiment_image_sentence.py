@@ -154,3 +154,8 @@ def test_run_record_keeps_typed_flags_apart_from_the_embedded_profile():
     assert record["typed_flags"]["sample_size"] == 2          # from the flagfile
     assert applied["word_dim"] == 50 and record["flags"]["word_dim"] == 50
     assert "word_dim" not in record["typed_flags"] and "top_k" not in record["typed_flags"]
+    assert applied["hidden_dim"] == 1024 and record["flags"]["hidden_dim"] == 1024
+    typed_hidden = common.parse_flagfile(isr.define_flags, str(common.resolve_config(
+        "table2_b6_nonlinear_bidir_nbr_constraints")), ["--hidden_dim=2048"])
+    assert "hidden_dim" not in isr.apply_embedded_profile(typed_hidden)   # a typed flag wins
+    assert typed_hidden.hidden_dim == 2048
