@@ -28,11 +28,12 @@ FLAGS = flags.FLAGS
 MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
 
 # Seconds of the default job's phases on the machine of BUILD_NOTES.md ("Main job
-# time"), whose float32 matmul probe (`_matmul_gflops`) gave REFERENCE_GFLOPS;
-# the estimate scales them by this machine's probe.
-REFERENCE_GFLOPS = 57.0
-REFERENCE_SECONDS = {"dataset": 25, "features": 470, "_a1_": 15, "_b2_": 48, "_b4_": 152,
-                     "_b5_": 237, "_b6_": 267, "_d_": 630, "row": 200}
+# time", session 8: a cold run at 66728a1), whose float32 matmul probe
+# (`_matmul_gflops`) gave about REFERENCE_GFLOPS; the estimate scales them by this
+# machine's probe. "row" is any row outside the default six (LSTM, single-directional).
+REFERENCE_GFLOPS = 147.0
+REFERENCE_SECONDS = {"dataset": 20, "features": 175, "_a1_": 5, "_b2_": 25, "_b4_": 44,
+                     "_b5_": 63, "_b6_": 79, "_d_": 120, "row": 120}
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
