@@ -69,6 +69,17 @@ def test_runner_prints_table2_and_table1_and_shares_one_model(tiny_tables):
     assert untrained["history"] == {} and "folds_100" in untrained["retrieval"]
 
 
+def test_load_run_names_load_row_for_an_npair_run(tiny_tables):
+    # Not the two-branch loader's "unknown model config keys": the folder is recognised.
+    from tf_twobranch.runs import load_run
+    _, runs, _ = tiny_tables
+    with pytest.raises(common.UserInputError, match=r"N-pair localization run.*load_row"):
+        load_run(runs / "das_table2_npair_word")
+    # load_row gives the trained model back, with the run's test maps.
+    _, _, splits, _, maps, model = exp.load_row(runs / "das_table2_npair_word")
+    assert model.config.embed_dim == 8 and len(maps["test"]) == splits["test"].num_images
+
+
 def test_heat_map_pictures_from_the_run_folder(tiny_tables, tmp_path):
     from experiments import draw_heat_maps
     _, runs, _ = tiny_tables

@@ -12,6 +12,9 @@ wrote and rebuilds the trained model:
 * deep fragment embeddings: ``fragment_config.json`` in the last stage
   folder (the frozen word vectors are part of the checkpoint); its
   fragments are rebuilt with ``experiments.fragment_embeddings.load_row``.
+* N-pair localization runs (``npair_config.json``) are recognised and
+  refused with a pointer to ``experiments.npair_localization.load_row``:
+  their checkpoint includes the image backbone, rebuilt from the dataset.
 
 The run's ``results.json`` (the metrics the experiment printed) comes with
 it when present, and `Run.evaluation_split()` gives the test split the
@@ -113,6 +116,13 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
         model.load_weights(_weights(folder, checkpoint))
         config = read_json_object(folder / "run_config.json", "run configuration")
         return Run(folder, "fragment_embeddings", model, config, _results(run_dir, folder))
+    if (run_dir / "npair_config.json").exists():
+        # Its checkpoint holds the image backbone too (frozen or fine-tuned), and the
+        # backbone is rebuilt from the dataset's feature cache or a weights file.
+        raise UserInputError(
+            f"{run_dir}: an N-pair localization run (Das et al.): its model includes the image "
+            "backbone, which is rebuilt from its dataset; experiments.npair_localization."
+            "load_row(run_dir) loads the model with its test maps and captions")
     if (folder / "dual_path_config.json").exists():
         model = load_dual_path_model(folder / "dual_path_config.json", _weights(folder, checkpoint))
         config_path = folder / "run_config.json"
