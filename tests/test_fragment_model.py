@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.evaluation.fragment_retrieval import (evaluate_fragment_retrieval,
+from tf_twobranch.evaluation.fragment_retrieval import (distinct_rows, evaluate_fragment_retrieval,
                                                         fragment_score_fn)
 from tf_twobranch.losses.fragment import global_scores
 from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig,
@@ -78,7 +78,7 @@ def test_chunked_scores_equal_the_brute_force_double_sum():
     vm = rng.random((n_img, m)) < 0.8
     vm[:, 0] = True
     s, splits = _ragged(rng, 23, h)
-    got = fragment_score_fn(v, vm, s, splits, sentence_chunk=4, image_chunk=3)(0, 23)
+    got = fragment_score_fn(v, vm, s, splits, fragment_chunk=4, image_chunk=3)(0, 23)
     want = np.zeros((n_img, 23))
     for k in range(n_img):
         for l in range(23):
@@ -86,6 +86,65 @@ def test_chunked_scores_equal_the_brute_force_double_sum():
             total = sum(max(0.0, float(v[k, i] @ f)) for i in range(m) if vm[k, i] for f in frags)
             want[k, l] = total / (vm[k].sum() * (len(frags) + 5.0))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def _brute_force_scores(v, vm, s, splits, images, sentences, smoothing=5.0, normaliser="paper"):
+    want = np.zeros((len(images), len(sentences)))
+    for a, k in enumerate(images):
+        for b, l in enumerate(sentences):
+            frags = s[splits[l]:splits[l + 1]]
+            total = sum(max(0.0, float(v[k, i] @ f)) for i in range(v.shape[1]) if vm[k, i] for f in frags)
+            norm = len(frags) + smoothing
+            want[a, b] = total / (norm * vm[k].sum() if normaliser == "paper" else norm)
+    return want
+
+
+@pytest.mark.parametrize("normaliser", ["paper", "code"])
+def test_shared_fragments_score_once_and_equal_the_double_sum(normaliser):
+    # Real captions repeat triplets ("a dog"): rows drawn from a small pool,
+    # a sentence holding one fragment twice, empty sentences, a window of the
+    # core and a subset of images.
+    rng = np.random.default_rng(5)
+    n_img, m, h = 9, 5, 4
+    v = rng.normal(size=(n_img, m, h)).astype(np.float32)
+    vm = rng.random((n_img, m)) < 0.7
+    vm[:, 0] = True
+    pool = rng.normal(size=(6, h)).astype(np.float32)
+    lengths = rng.integers(0, 7, 30)
+    lengths[[3, 17]] = 0
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    s = pool[rng.integers(0, len(pool), splits[-1])]
+    s[splits[5]:splits[5] + 2] = pool[1]
+    images, sentences = np.array([8, 0, 3, 4, 6]), rng.permutation(30)[:20]
+    score = fragment_score_fn(v, vm, s, splits, images=images, sentences=sentences,
+                              normaliser=normaliser, smoothing=10.0, fragment_chunk=2, image_chunk=2)
+    got = np.concatenate([score(0, 7), score(7, 20)], axis=1)
+    want = _brute_force_scores(v, vm, s, splits, images, sentences, smoothing=10.0, normaliser=normaliser)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_identical_captions_tie_exactly():
+    # Caption 3 repeats caption 0's fragments in another order (another image's
+    # caption): same multiset of rows, so bit-identical scores, and the core's
+    # pessimistic tie rule counts the duplicate against each caption's query.
+    rng = np.random.default_rng(6)
+    v = rng.normal(size=(4, 3, 8)).astype(np.float32)
+    vm = np.ones((4, 3), bool)
+    own = rng.normal(size=(3, 8)).astype(np.float32)
+    s = np.concatenate([own, rng.normal(size=(4, 8)).astype(np.float32), own[::-1]])
+    splits = np.array([0, 3, 5, 7, 10])
+    scores = fragment_score_fn(v, vm, s, splits, fragment_chunk=2)(0, 4)
+    np.testing.assert_array_equal(scores[:, 0], scores[:, 3])
+
+
+def test_distinct_rows_are_bit_for_bit():
+    rows = np.array([[1.0, 2.0], [0.5, 0.0], [1.0, 2.0], [1.0, 2.0000002], [0.5, 0.0]], np.float32)
+    distinct, inverse = distinct_rows(rows)
+    assert len(distinct) == 3
+    np.testing.assert_array_equal(distinct[inverse], rows)
+    assert inverse[0] == inverse[2] and inverse[1] == inverse[4] and inverse[3] != inverse[0]
+    empty, none = distinct_rows(np.zeros((0, 2), np.float32))
+    assert empty.shape == (0, 2) and none.shape == (0,)
 
 
 def test_fragment_retrieval_uses_the_evaluation_core():

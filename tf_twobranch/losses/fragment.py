@@ -31,6 +31,7 @@ import tensorflow as tf
 
 __all__ = ["NORMALISERS", "fragment_scores", "fragment_alignment_labels",
            "fragment_alignment_objective", "global_scores", "global_scores_from_fragment_scores",
+           "global_score_denominators",
            "global_ranking_objective"]
 
 NORMALISERS = ("paper", "code")
@@ -88,18 +89,26 @@ def fragment_alignment_objective(scores, labels, image_mask, sentence_mask, *, m
 def global_scores_from_fragment_scores(scores, image_mask, sentence_mask, *, smoothing: float = 5.0,
                                        normaliser: str = "paper") -> tf.Tensor:
     """S (Bi, Bs) of eq. 6 from the fragment scores (see the module docstring)."""
-    if normaliser not in NORMALISERS:
-        raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
     image_weight = tf.cast(image_mask, scores.dtype)
     sentence_weight = tf.cast(sentence_mask, scores.dtype)
     # Masks as weights of one contraction: no second (Bi, M, Bs, F) temporary.
     total = tf.einsum("kmlf,km,lf->kl", tf.nn.relu(scores), image_weight, sentence_weight)
-    sentence_sizes = tf.reduce_sum(sentence_weight, axis=1)
-    denominator = (sentence_sizes + smoothing)[None, :]
+    return total / global_score_denominators(tf.reduce_sum(image_weight, axis=1),
+                                             tf.reduce_sum(sentence_weight, axis=1),
+                                             smoothing=smoothing, normaliser=normaliser,
+                                             dtype=scores.dtype)
+
+
+def global_score_denominators(image_sizes, sentence_sizes, *, smoothing: float = 5.0,
+                              normaliser: str = "paper", dtype=tf.float32) -> tf.Tensor:
+    """The (Bi, Bs) normaliser of eq. 6 from |g_k| (Bi,) and |g_l| (Bs,): (|g_k|)(|g_l| + n) or |g_l| + n."""
+    if normaliser not in NORMALISERS:
+        raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
+    denominator = (tf.cast(sentence_sizes, dtype) + smoothing)[None, :]
+    image_sizes = tf.cast(image_sizes, dtype)
     if normaliser == "paper":
-        image_sizes = tf.reduce_sum(image_weight, axis=1)
-        denominator = tf.maximum(image_sizes, 1.0)[:, None] * denominator
-    return total / denominator
+        return tf.maximum(image_sizes, 1.0)[:, None] * denominator
+    return tf.ones_like(image_sizes)[:, None] * denominator
 
 
 def global_scores(image_fragments, image_mask, sentence_fragments, sentence_mask, *,
