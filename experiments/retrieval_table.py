@@ -15,7 +15,7 @@ import pathlib
 import sys
 import time
 
-import numpy as np
+import tensorflow as tf
 from absl import app, flags
 
 from experiments import common
@@ -28,12 +28,13 @@ FLAGS = flags.FLAGS
 MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
 
 # Seconds of the default job's phases on the machine of BUILD_NOTES.md ("Main job
-# time", session 8: a cold run at 66728a1), whose float32 matmul probe
-# (`_matmul_gflops`) gave about REFERENCE_GFLOPS; the estimate scales them by this
-# machine's probe. "row" is any row outside the default six (LSTM, single-directional).
-REFERENCE_GFLOPS = 147.0
-REFERENCE_SECONDS = {"dataset": 20, "features": 175, "_a1_": 5, "_b2_": 25, "_b4_": 44,
-                     "_b5_": 63, "_b6_": 79, "_d_": 120, "row": 120}
+# time", session 9: a cold run at 547df29, 2-core AVX-512 EPYC), whose TensorFlow
+# matmul probe (`_matmul_gflops`) read about REFERENCE_GFLOPS; the estimate scales
+# them by this machine's probe. "row" is any row outside the default six (LSTM,
+# single-directional).
+REFERENCE_GFLOPS = 190.0
+REFERENCE_SECONDS = {"dataset": 13, "features": 113, "_a1_": 3, "_b2_": 23, "_b4_": 44,
+                     "_b5_": 44, "_b6_": 86, "_d_": 111, "row": 100}
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -52,13 +53,21 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def _matmul_gflops() -> float:
-    """A quick (~0.1 s) float32 matmul probe of this machine's speed."""
-    a = np.random.default_rng(0).standard_normal((512, 512), dtype=np.float32)
-    a @ a
-    start = time.perf_counter()
-    for _ in range(4):
-        a @ a
-    return 4 * 2 * 512 ** 3 / max(time.perf_counter() - start, 1e-9) / 1e9
+    """A quick (~0.1 s) probe of this machine's speed: the best of a few float32 `tf.matmul`s.
+
+    TensorFlow's matmul (oneDNN on the package's default) is what the rows
+    run; numpy's BLAS ranks machines differently (with TensorFlow loaded it
+    read 135 GFLOP/s on a machine whose TensorFlow matmul reads 200).
+    """
+    a = tf.random.stateless_normal((1024, 1024), seed=(0, 0))
+    for _ in range(3):
+        tf.matmul(a, a).numpy()
+    best = float("inf")
+    for _ in range(8):
+        start = time.perf_counter()
+        tf.matmul(a, a).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * 1024 ** 3 / max(best, 1e-9) / 1e9
 
 
 def estimate_seconds(configs, dataset_ready: bool, features_ready: bool) -> float:
