@@ -54,15 +54,24 @@ def assert_at_or_below_chance(metrics, caption_image, num_images):
 
 
 def assert_worst_ranks(metrics, caption_image, num_images):
-    """All scores exactly tied, ties against the query: every query ranks last."""
+    """All scores exactly tied, ties against the query: every query ranks last.
+
+    A caption's last place is `num_images`; an image with c of the m captions
+    ranks behind all m - c others. R@K is 100 only where K reaches last place
+    (e.g. t2i R@10 with 10 images), 0 otherwise.
+    """
     counts = np.bincount(caption_image, minlength=num_images)
     m = len(caption_image)
+    image_last = (m - counts + 1)[counts > 0]
+    want = {}
+    for k in KS:
+        want[f"t2i_r{k}"] = 100.0 if k >= num_images else 0.0
+        want[f"i2t_r{k}"] = 100.0 * float(np.mean(image_last <= k))
     for key in RECALLS:
-        assert metrics[key] == 0.0, (key, metrics)  # K < the worst ranks below
+        assert metrics[key] == pytest.approx(want[key]), (key, metrics)
     assert metrics["t2i_medr"] == num_images
-    # An image with c captions ranks behind all m - c other captions.
-    assert metrics["i2t_meanr"] == pytest.approx(float(np.mean(m - counts + 1)))
-    assert metrics["rsum"] == 0.0
+    assert metrics["i2t_meanr"] == pytest.approx(float(np.mean(image_last)))
+    assert metrics["rsum"] == pytest.approx(sum(want.values()))
 
 
 NUM_IMAGES, CAPS = 20, 5
