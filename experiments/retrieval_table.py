@@ -28,13 +28,13 @@ FLAGS = flags.FLAGS
 MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
 
 # Seconds of the default job's phases on the machine of BUILD_NOTES.md ("Main job
-# time", session 9: a cold run at 547df29, 2-core AVX-512 EPYC), whose TensorFlow
+# time", session 9: the quiet cold run, 2-core AVX-512 EPYC), whose TensorFlow
 # matmul probe (`_matmul_gflops`) read about REFERENCE_GFLOPS; the estimate scales
 # them by this machine's probe. "row" is any row outside the default six (LSTM,
 # single-directional).
 REFERENCE_GFLOPS = 190.0
-REFERENCE_SECONDS = {"dataset": 13, "features": 113, "_a1_": 3, "_b2_": 23, "_b4_": 44,
-                     "_b5_": 44, "_b6_": 86, "_d_": 111, "row": 100}
+REFERENCE_SECONDS = {"dataset": 12, "features": 99, "_a1_": 2, "_b2_": 16, "_b4_": 32,
+                     "_b5_": 45, "_b6_": 55, "_d_": 76, "row": 80}
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
