@@ -15,13 +15,13 @@ import pathlib
 import sys
 import time
 
-import tensorflow as tf
 from absl import app, flags
 
 from experiments import common
 from experiments import image_sentence_retrieval as isr
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.embedded import default_dataset_dir
+from tf_twobranch.speed import best_matmul_seconds
 
 FLAGS = flags.FLAGS
 # The rows the default run trains (each under ~1 minute on the embedded data).
@@ -59,15 +59,7 @@ def _matmul_gflops() -> float:
     run; numpy's BLAS ranks machines differently (with TensorFlow loaded it
     read 135 GFLOP/s on a machine whose TensorFlow matmul reads 200).
     """
-    a = tf.random.stateless_normal((1024, 1024), seed=(0, 0))
-    for _ in range(3):
-        tf.matmul(a, a).numpy()
-    best = float("inf")
-    for _ in range(8):
-        start = time.perf_counter()
-        tf.matmul(a, a).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * 1024 ** 3 / max(best, 1e-9) / 1e9
+    return 2 * 1024 ** 3 / best_matmul_seconds(1024, 1024, 1024, warmups=3, repeats=8) / 1e9
 
 
 def estimate_seconds(configs, dataset_ready: bool, features_ready: bool) -> float:
