@@ -9,6 +9,7 @@ import keras
 from absl import flags
 
 from tf_twobranch import distribute, json_files
+from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 from tf_twobranch.speed import set_precision
 from tf_twobranch.training import trainer
@@ -75,6 +76,13 @@ def define_word_vector_flags(fv, *, word_dim_help: str, word_dim: int = 300) -> 
     flags.DEFINE_string("word_vectors", "", "Local word2vec (binary/text, e.g. GoogleNews .bin) or "
                         "GloVe text file; empty: trained on the training captions.", **d)
     flags.DEFINE_integer("word_dim", word_dim, word_dim_help, lower_bound=2, **d)
+
+
+def define_feature_storage_flag(fv) -> None:
+    """How feature caches are stored on disk (memory-mapped; see data/formats/row_arrays.py)."""
+    flags.DEFINE_enum("feature_dtype", "float32", list(row_arrays.FEATURE_DTYPES),
+                      "Storage dtype of feature caches: float16 halves disk and RAM for large "
+                      "datasets (rows are cast back to float32 in each batch).", flag_values=fv)
 
 
 def define_feature_flags(fv, *, text_encoders: Sequence[str], image_help: str,

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
+from tf_twobranch.sampling.row_gather import gather_op
 
 
 def _caption_table(caption_image: np.ndarray, num_images: int):
@@ -159,19 +160,10 @@ def similarity_pair_batches(caption_image, num_images: int, *, batch_size: int =
 def attach_features(dataset: tf.data.Dataset, image_inputs: np.ndarray,
                     text_inputs: np.ndarray, *, prefetch: int = 2) -> tf.data.Dataset:
     """Replaces index batches by model inputs gathered from (possibly memory-mapped) arrays."""
-    image_inputs = np.asarray(image_inputs) if not isinstance(image_inputs, np.memmap) else image_inputs
-    text_inputs = np.asarray(text_inputs) if not isinstance(text_inputs, np.memmap) else text_inputs
-    image_spec = tf.TensorSpec([None, *image_inputs.shape[1:]], tf.as_dtype(image_inputs.dtype))
-    text_spec = tf.TensorSpec([None, *text_inputs.shape[1:]], tf.as_dtype(text_inputs.dtype))
 
     def gather(batch):
-        image = tf.numpy_function(lambda i: image_inputs[i], [batch["image_index"]],
-                                  image_spec.dtype, stateful=False)
-        text = tf.numpy_function(lambda i: text_inputs[i], [batch["text_index"]],
-                                 text_spec.dtype, stateful=False)
-        image.set_shape(image_spec.shape)
-        text.set_shape(text_spec.shape)
-        return {**batch, "image": image, "text": text}
+        return {**batch, "image": gather_op(image_inputs, batch["image_index"]),
+                "text": gather_op(text_inputs, batch["text_index"])}
 
     return dataset.map(gather, num_parallel_calls=tf.data.AUTOTUNE,
                        deterministic=True).prefetch(prefetch)

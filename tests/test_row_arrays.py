@@ -1,0 +1,101 @@
+"""Row arrays on disk: memory-mapped reads, block writes, sharded caches that resume."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_twobranch.data.formats import row_arrays as R
+from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.sampling.row_gather import gather_op
+
+
+def test_row_writer_writes_blocks_and_renames_into_place(tmp_path):
+    data = np.random.default_rng(0).normal(size=(37, 3, 4)).astype(np.float32)
+    path = tmp_path / "a.npy"
+    with R.RowWriter(path, data.shape, np.float16) as out:
+        for start in range(0, 37, 10):
+            out[start:start + 10] = data[start:start + 10]
+        assert not path.exists()                     # only complete files appear
+    back = R.open_rows(path)
+    assert isinstance(back, np.memmap) and back.dtype == np.float16
+    np.testing.assert_allclose(back, data.astype(np.float16))
+
+
+def test_row_writer_leaves_nothing_when_the_build_fails(tmp_path):
+    with pytest.raises(RuntimeError):
+        with R.RowWriter(tmp_path / "a.npy", (4, 2)) as out:
+            out[0:2] = 1
+            raise RuntimeError("backbone failed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_rows_blocks_equal_the_array(tmp_path):
+    data = np.arange(600, dtype=np.float32).reshape(100, 6)
+    R.write_rows(tmp_path / "b.npy", data, block_bytes=7 * 24)
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), data)
+
+
+def test_sharded_rows_index_like_the_array_and_resume(tmp_path):
+    data = np.random.default_rng(1).normal(size=(23, 2, 3)).astype(np.float32)
+    folder = tmp_path / "maps"
+    writer = R.ShardedRowWriter(folder, (2, 3), np.float32, shard_bytes=5 * 24)   # 5 rows a shard
+    writer.append(data[:7])
+    writer.append(data[7:12])
+    assert writer.rows_done == 10           # two whole shards on disk, 2 rows pending are lost on a crash
+    with pytest.raises(DataFormatError, match="rows.json"):
+        R.open_rows(folder)
+    resumed = R.ShardedRowWriter(folder, (2, 3), np.float32, shard_bytes=5 * 24)
+    assert resumed.rows_done == 10
+    resumed.append(data[10:])
+    rows = resumed.finish()
+    assert rows.shape == data.shape and len(rows) == 23
+    again = R.open_rows(folder)
+    np.testing.assert_array_equal(again[3:21], data[3:21])
+    np.testing.assert_array_equal(again[[22, 0, 9, 10, -1]], data[[22, 0, 9, 10, -1]])
+    np.testing.assert_array_equal(again[11], data[11])
+    np.testing.assert_array_equal(np.asarray(again), data)
+    assert json.loads((folder / "rows.json").read_text())["shards"] == [5, 5, 5, 5, 3]
+
+
+def test_sharded_writer_refuses_a_folder_of_other_rows(tmp_path):
+    w = R.ShardedRowWriter(tmp_path, (3,), np.float32, shard_bytes=12)
+    w.append(np.zeros((2, 3), np.float32))
+    with pytest.raises(DataFormatError, match="remove the folder"):
+        R.ShardedRowWriter(tmp_path, (4,), np.float32)
+
+
+def test_finite_check_names_the_file_and_first_bad_row(tmp_path):
+    data = np.ones((50, 4), np.float32)
+    data[31, 2] = np.nan
+    data[40, 0] = np.inf
+    with pytest.raises(DataFormatError, match=r"x\.npy.*2 rows; the first is row 31"):
+        R.check_finite_rows(data, tmp_path / "x.npy", block_bytes=64)
+    R.check_finite_rows(np.ones((5, 2)), "ok.npy")
+
+
+def test_truncated_npy_is_a_format_error(tmp_path):
+    path = tmp_path / "t.npy"
+    np.save(path, np.ones((100, 10), np.float32))
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(DataFormatError, match="truncated"):
+        R.open_rows(path)
+
+
+def test_storage_dtype_names_the_choices():
+    assert R.storage_dtype("float16") == np.float16
+    with pytest.raises(ConfigError, match="float32"):
+        R.storage_dtype("int8")
+
+
+def test_gather_op_reads_rows_of_a_memmap_and_widens_half(tmp_path):
+    data = np.random.default_rng(2).normal(size=(30, 5)).astype(np.float16)
+    np.save(tmp_path / "h.npy", data)
+    mapped = R.open_rows(tmp_path / "h.npy")
+    ds = tf.data.Dataset.from_tensor_slices([[3, 1, 29], [0, 0, 7]]).map(lambda i: gather_op(mapped, i))
+    got = [b.numpy() for b in ds]
+    assert got[0].dtype == np.float32 and ds.element_spec.shape.as_list() == [3, 5]
+    np.testing.assert_array_equal(got[0], data[[3, 1, 29]].astype(np.float32))
+    ids = np.arange(12, dtype=np.int32).reshape(6, 2)
+    out = gather_op(ids, tf.constant([5, 2]))
+    assert out.dtype == tf.int32 and out.numpy().tolist() == [[10, 11], [4, 5]]

@@ -1,0 +1,32 @@
+"""Rows of (memory-mapped) arrays gathered into a tf.data pipeline, batch by batch.
+
+No dataset array ever enters the graph as a constant (a ``tf.constant`` copies
+the whole array, several times over inside tf.data, and fails past 2 GB):
+each batch's rows are read by index from the array where it lives, in RAM or
+memory-mapped on disk (`tf_twobranch.data.formats.row_arrays`), and cast to the
+dtype the model takes (float16 storage is cast back to float32 here).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["gather_op"]
+
+
+def gather_op(array, indices: tf.Tensor, dtype=None) -> tf.Tensor:
+    """`array[indices]` as a tensor of `dtype`, its shape known but the batch.
+
+    Default dtype: float32 for floating arrays (float16 storage is widened
+    here), the array's own otherwise (token ids, masks).
+    """
+    if dtype is None:
+        dtype = np.float32 if np.dtype(array.dtype).kind == "f" else array.dtype
+    dtype = np.dtype(dtype)
+
+    def read(index):
+        return np.asarray(array[np.asarray(index, np.int64)], dtype=dtype)
+
+    rows = tf.numpy_function(read, [indices], tf.as_dtype(dtype), stateful=False)
+    rows.set_shape(indices.shape.concatenate(array.shape[1:]))
+    return rows
