@@ -120,6 +120,27 @@ def test_chunked_ranks_match_naive(chunk, ties):
     np.testing.assert_array_equal(blocks_t2i, n_t2i)
 
 
+@pytest.mark.parametrize("keep_bytes", [0, 1 << 30])
+def test_one_pass_ranks_with_and_without_kept_blocks(keep_bytes):
+    """Both directions from one pass: kept blocks or scored again, shuffled captions, an image
+    without captions, ties between positives and negatives."""
+    rng = np.random.default_rng(3)
+    img, txt = _tied_embeddings(rng)
+    cap_img = rng.permutation(np.repeat(np.arange(40), 5))
+    cap_img[cap_img == 17] = 18                      # image 17 has no caption
+    scores = (img.astype(np.float64) @ txt.T.astype(np.float64)).astype(np.float32)
+    n_i2t, n_t2i = _naive_ranks(scores, cap_img)
+    n_i2t[17] = 0                                    # no positive: excluded from the metrics
+    i2t, t2i = R.ranks_from_embeddings(img, txt, cap_img, chunk_size=13, keep_bytes=keep_bytes)
+    assert i2t[17] == 0
+    np.testing.assert_array_equal(i2t, n_i2t)
+    np.testing.assert_array_equal(t2i, n_t2i)
+    old_i2t = R.group_ranks(img, txt, np.arange(40), cap_img)
+    old_t2i = R.group_ranks(txt, img, cap_img, np.arange(40))
+    np.testing.assert_array_equal(i2t, old_i2t)
+    np.testing.assert_array_equal(t2i, old_t2i)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ranks_equal_vsepp_on_tie_free_inputs(seed):
     rng = np.random.default_rng(seed)

@@ -179,17 +179,50 @@ def group_ranks(query_embeds, gallery_embeds, query_group, gallery_group, *,
     return np.where(has_positive, counts + 1, 0)
 
 
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _score_caption_block(images, texts, caption_image):
+    """One block of the pass: every image against a window of captions.
+
+    Returns the (images, rows) scores, each caption's positive score (read
+    from those scores) and its count of other images scoring >= it. The
+    positive itself is among the images >= it, hence the -1; a padded row
+    (image 0, a zero vector) is dropped by the caller. One fused pass over
+    the block besides the matmul.
+    """
+    scores = tf.matmul(images, texts, transpose_b=True)  # (I, rows): one call
+    rows = tf.range(tf.shape(texts)[0], dtype=caption_image.dtype)
+    positive = tf.gather_nd(scores, tf.stack([caption_image, rows], axis=1))
+    at_least = tf.reduce_sum(tf.cast(scores >= positive[None, :], tf.int32), axis=0)
+    return scores, positive, at_least - 1
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _count_at_least(scores, best, valid_rows):
+    """Per image: captions among the window's first `valid_rows` scoring >= its best positive."""
+    valid = tf.range(tf.shape(scores)[1]) < valid_rows
+    beats = tf.logical_and(valid[None, :], scores >= best[:, None])
+    return tf.reduce_sum(tf.cast(beats, tf.int32), axis=1)
+
+
 def ranks_from_embeddings(image_embeds, text_embeds, caption_image, *,
-                          chunk_size: int = DEFAULT_CHUNK) -> tuple[np.ndarray, np.ndarray]:
-    """1-based ranks for image→text and text→image retrieval.
+                          chunk_size: int = DEFAULT_CHUNK,
+                          keep_bytes: int = _KEEP_SCORE_BLOCKS_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """1-based ranks for image→text and text→image retrieval, both from one pass of score blocks.
 
     Args:
       image_embeds: (num_images, d) embeddings; scores are dot products, so pass
         L2-normalised embeddings for cosine similarity.
       text_embeds: (num_captions, d).
       caption_image: (num_captions,) index of each caption's image.
-      chunk_size: a block holds at most num_images × chunk_size scores
-        (~5 bytes each while counting).
+      chunk_size: captions per block (a block holds num_images × chunk_size scores).
+      keep_bytes: the blocks are kept (not scored again) while the whole
+        score matrix fits in this many bytes; beyond it the image side
+        scores each block a second time (same shapes, so the same scores).
+
+    Each block scores every image against a window of captions in one matmul
+    call: a caption's positive and its negatives come from that call; an
+    image's best positive is the best over its captions' blocks, and its
+    negatives are counted over the same blocks once every block is scored.
 
     Returns:
       (image_to_text_ranks (num_images,), text_to_image_ranks (num_captions,)).
@@ -201,16 +234,49 @@ def ranks_from_embeddings(image_embeds, text_embeds, caption_image, *,
     if images.shape[1] != texts.shape[1]:
         raise UserInputError(f"embedding sizes differ: images {images.shape[1]}, "
                              f"texts {texts.shape[1]}")
-    caption_image = _check_caption_image(caption_image, len(images), len(texts))
+    caption_image = _check_caption_image(caption_image, len(images), len(texts)).astype(np.int32)
     warn_if_degenerate(images, "image embeddings")
     warn_if_degenerate(texts, "text embeddings")
-    budget = max(1, len(images)) * chunk_size
-    image_ids = np.arange(len(images), dtype=np.int32)
-    i2t = group_ranks(images, texts, image_ids, caption_image, chunk_size=len(images) or 1,
-                      max_block_elements=budget, warn=False)
-    t2i = group_ranks(texts, images, caption_image, image_ids, chunk_size=chunk_size,
-                      max_block_elements=budget, warn=False)
-    return i2t, t2i
+    num_images, num_captions = len(images), len(texts)
+    if num_images == 0 or num_captions == 0:
+        return np.zeros(num_images, np.int64), np.zeros(num_captions, np.int64)
+    rows = int(max(1, min(chunk_size, num_captions)))
+    keep = num_images * num_captions * 4 <= keep_bytes
+    images_t = tf.constant(images)
+
+    def window(start):
+        stop = min(start + rows, num_captions)
+        block, owner = texts[start:stop], caption_image[start:stop]
+        if stop - start < rows:
+            # Padded to the compiled shape; padded rows' results are dropped.
+            pad = rows - (stop - start)
+            block = np.concatenate([block, np.zeros((pad, block.shape[1]), np.float32)])
+            owner = np.concatenate([owner, np.zeros(pad, np.int32)])
+        return tf.constant(block), tf.constant(owner), stop
+
+    text_counts = np.zeros(num_captions, np.int64)
+    positives = np.zeros(num_captions, np.float32)
+    kept = []
+    for start in range(0, num_captions, rows):
+        block, owner, stop = window(start)
+        scores, positive, counts = _score_caption_block(images_t, block, owner)
+        text_counts[start:stop] = counts.numpy()[:stop - start]
+        positives[start:stop] = positive.numpy()[:stop - start]
+        kept.append((scores if keep else None, stop - start))
+    best = np.full(num_images, _NO_POSITIVE, np.float32)
+    np.maximum.at(best, caption_image, positives)
+    best_t = tf.constant(best)
+    at_least = np.zeros(num_images, np.int64)
+    for k, (scores, valid) in enumerate(kept):
+        if scores is None:
+            scores = _score_caption_block(images_t, *window(k * rows)[:2])[0]
+        at_least += _count_at_least(scores, best_t, valid).numpy()
+    # The image's own captions among those >= its best positive are not negatives.
+    own = np.bincount(caption_image, weights=positives >= best[caption_image],
+                      minlength=num_images).astype(np.int64)
+    image_counts = at_least - own
+    has_caption = np.bincount(caption_image, minlength=num_images) > 0
+    return np.where(has_caption, image_counts + 1, 0), text_counts + 1
 
 
 def ranks_from_score_fn(score_fn: Callable[[int, int], np.ndarray], num_images: int,
