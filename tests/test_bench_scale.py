@@ -1,0 +1,37 @@
+"""The scale benchmark's own parts: its memory sampler, its law, and the folders it writes."""
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import bench_scale, scale_data
+
+
+def test_growth_law_recovers_a_line():
+    law = bench_scale.growth_law([1000, 2000, 4000], [500 + 0.02 * n for n in (1000, 2000, 4000)])
+    assert law["slope_mb_per_image"] == pytest.approx(0.02)
+    assert law["intercept_mb"] == pytest.approx(500)
+    assert law["coco_gb"] == pytest.approx((500 + 0.02 * 113_287) / 1024)
+
+
+def test_sampler_sees_a_child_allocate(tmp_path):
+    code = "import numpy as np, time; a = np.ones(300 << 18, np.float32); time.sleep(0.5)"   # 300 MB
+    figures = bench_scale.run_measured([sys.executable, "-c", code], tmp_path / "log", timeout=60)
+    assert figures["exit_code"] == 0
+    assert figures["peak_anon_mb"] > 280
+    assert figures["peak_rss_mb"] >= figures["peak_anon_mb"]
+
+
+@pytest.mark.skipif(not scale_data.FLICKR8K.is_dir(), reason="needs ../shared/realdata/flickr8k")
+def test_synthetic_folder_reads_as_a_dataset(tmp_path):
+    from tf_twobranch.data.retrieval_data import load_caption_splits
+    from tf_twobranch.data.layout import resolve_dataset
+
+    scale_data.write_caption_folder(tmp_path, 12, 3)
+    splits = load_caption_splits(resolve_dataset(tmp_path))
+    assert len(splits["train"].image_ids) == 12 and len(splits["test"].captions) == 15
+    assert splits["train"].image_ids[0] == "s000000"
+    rows = scale_data.write_random_rows(tmp_path / "f.npy", (7, 3, 2), "float16", nonnegative=True)
+    stored = np.load(rows)
+    assert stored.dtype == np.float16 and stored.shape == (7, 3, 2) and stored.min() >= 0
