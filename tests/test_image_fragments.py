@@ -140,3 +140,29 @@ def test_precomputed_features_are_memory_mapped_or_converted_once_blockwise(tmp_
     np.save(tmp_path / "text.npy", np.array([["a"] * 3] * 2 * 20).reshape(2, 20, 3))
     with pytest.raises(DataFormatError, match="must be numeric"):
         load_fragment_features(tmp_path / "text.npy")
+
+
+def test_scene_cnn_features_are_written_once_block_by_block_per_mask(tmp_path):
+    from tf_twobranch.features.prepare_fragments import FragmentImages
+    rng = np.random.default_rng(3)
+    inputs = rng.normal(size=(5, 4, 6)).astype(np.float32)
+    np.save(tmp_path / "inputs.npy", inputs)
+    mask = rng.random((5, 4)) > 0.3
+    head = (rng.normal(size=(6, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32))
+    # The computation before the cache: one in-RAM array, masked rows zeroed.
+    want = np.empty((5, 4, 3), np.float32)
+    for i in range(0, 5, 2):
+        want[i:i + 2] = inputs[i:i + 2] @ head[0] + head[1]
+    want[~mask] = 0.0
+    cached = FragmentImages(list("abcde"), np.load(tmp_path / "inputs.npy", mmap_mode="r"), mask, head,
+                            tmp_path / "train")
+    got = cached.features(chunk=2)
+    assert isinstance(got, np.memmap)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(FragmentImages(list("abcde"), inputs, mask, head).features(chunk=2), want)
+    assert cached.features().filename == got.filename            # read back, not computed again
+    cached.mask = mask.copy()
+    cached.mask[:, 1:] = False                                    # the fullframe ablation: its own file
+    fullframe = cached.features(chunk=2)
+    assert fullframe.filename != got.filename and not np.asarray(fullframe)[:, 1:].any()
+    assert FragmentImages(list("abcde"), inputs, mask).features() is inputs     # no head: no copy
