@@ -108,6 +108,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "(instead of the CNN).", **d)
     flags.DEFINE_enum("image_fragments", "all", ["all", "fullframe"],
                       "all: the whole image + detections; fullframe: the whole image only.", **d)
+    common.define_feature_storage_flag(fv)
     # Model and objective.
     flags.DEFINE_enum("representation", "fragments", ["fragments", "devise"],
                       "fragments: the paper's model; devise: the DeViSE baseline (mean word vector, "
@@ -209,7 +210,8 @@ def load_data(f):
     images = image_fragment_inputs(layout, splits, f.features_cache or source / "features", FragmentFeatureSpec(
         image_backbone=f.image_backbone, backbone_weights=f.backbone_weights or None,
         scene_cnn_epochs=f.scene_cnn_epochs, proposals=f.proposals or None, detections=f.detections,
-        fragment_features=_fragment_feature_files(f.fragment_features), seed=f.seed))
+        fragment_features=_fragment_feature_files(f.fragment_features), seed=f.seed,
+        feature_dtype=f.feature_dtype))
     if f.image_fragments == "fullframe":
         for split in images.values():
             split.mask = split.mask.copy()
@@ -241,9 +243,13 @@ def build_config(f, images, text) -> FragmentEmbeddingConfig:
         cnn_learning_rate_scale=f.cnn_learning_rate_scale)
 
 
-def image_inputs(split, config: FragmentEmbeddingConfig) -> np.ndarray:
-    """The model's image input of a split: the CNN features, or the activations below its top layer."""
-    return np.asarray(split.inputs, np.float32) if config.image_head_dim else split.features()
+def image_inputs(split, config: FragmentEmbeddingConfig):
+    """The model's image input of a split: the CNN features, or the activations below its top layer.
+
+    A row-indexable array as the cache holds it (memory-mapped, float32 or
+    float16): the batches and `embed_split` read it a chunk at a time.
+    """
+    return split.inputs if config.image_head_dim else split.features()
 
 
 def _stage_epochs(f) -> list[tuple[int, int, int]]:
@@ -285,11 +291,16 @@ def _initial_weights(model, path: str) -> str:
 # ---------------------------------------------------------------------------- evaluation
 
 
-def embed_split(model, image_inputs: np.ndarray, image_mask: np.ndarray, fragments, chunk: int = 256):
-    """Embedded fragments of a split: v (N, M', h), mask (N, M'), s (total, h), row_splits."""
+def embed_split(model, image_inputs, image_mask: np.ndarray, fragments, chunk: int = 256):
+    """Embedded fragments of a split: v (N, M', h), mask (N, M'), s (total, h), row_splits.
+
+    `image_inputs` (N, M, D) is read `chunk` images at a time (a memory map
+    of the raw features is never loaded whole: 5,000 × 20 × 4,096 floats are
+    1.6 GB, their embeddings at h = 1,000 0.4 GB).
+    """
     vs, vms = [], []
     for i in range(0, len(image_inputs), chunk):
-        v, vm = model.embed_images(image_inputs[i:i + chunk], image_mask[i:i + chunk])
+        v, vm = model.embed_images(np.asarray(image_inputs[i:i + chunk], np.float32), image_mask[i:i + chunk])
         vs.append(np.asarray(v))
         vms.append(np.asarray(vm))
     if model.config.representation == "devise":

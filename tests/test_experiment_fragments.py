@@ -57,6 +57,8 @@ def test_mil_row_trains_two_stages_evaluates_and_reloads(mil_run):
     assert written["metrics"] == record["metrics"]
     # The reloaded row scores exactly what the run reported.
     f, splits, images, text, model = fe.load_row(run_dir)
+    from tf_twobranch.data.formats.row_arrays import ShardedRows
+    assert isinstance(images["train"].inputs, ShardedRows)          # the cache is read memory-mapped
     again = fe.evaluate(model, fe.image_inputs(images["test"], model.config), images["test"].mask,
                         text.splits["test"], splits["test"].caption_image, "full")
     assert again == pytest.approx(record["metrics"])
@@ -209,3 +211,18 @@ def test_spacy_parser_path_parses_the_captions_once_and_trains(tiny_dataset, tmp
     assert parses.startswith(str(tiny_dataset / "features")) and parses.endswith(".conllu")
     assert record["fragments"]["relations"] == ["dep"]          # the chain parser's one label
     _check_metrics(record["metrics"])
+
+
+def test_feature_dtype_float16_stores_the_fragment_cache_in_half(tiny_dataset, mil_run):
+    # After mil_run: the scene CNN and the float32 cache exist; the half cache is another folder.
+    def load(*extra):
+        fv = common.parse_flagfile(fe.define_flags, str(common.resolve_config("karpathy_table2_fragment_global")),
+                                   [f"--dataset_dir={tiny_dataset}", *TINY, *extra])
+        return fe.load_data(fv)[3]
+
+    full, half = load(), load("--feature_dtype=float16")
+    for split in ("train", "test"):
+        assert full[split].inputs.dtype == np.float32 and half[split].inputs.dtype == np.float16
+        np.testing.assert_array_equal(half[split].inputs[0:len(half[split].inputs)],
+                                      np.asarray(full[split].inputs[0:len(full[split].inputs)]).astype(np.float16))
+        np.testing.assert_array_equal(half[split].mask, full[split].mask)

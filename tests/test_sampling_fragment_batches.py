@@ -50,3 +50,66 @@ def test_impossible_batches_are_clear_errors():
         fb.train_dataset(np.zeros((12, 2, 3)), np.ones((12, 2), bool), padded, caption_image, batch_size=13, seed=0)
     with pytest.raises(ConfigError, match="have no sentence"):
         fb.train_dataset(np.zeros((13, 2, 3)), np.ones((13, 2), bool), padded, caption_image, batch_size=4, seed=0)
+
+
+def _old_train_dataset(image_fragments, image_mask, sentences, caption_image, *, batch_size, seed, start_step=0):
+    """The implementation before streaming (every array a graph constant): the reference batches."""
+    import tensorflow as tf
+    image_fragments = np.asarray(image_fragments, np.float32)
+    num_images = len(image_fragments)
+    order, starts, counts = (tf.constant(a) for a in fb.sentences_by_image(np.asarray(caption_image, np.int64),
+                                                                           num_images))
+    images_t, mask_t = tf.constant(image_fragments), tf.constant(np.asarray(image_mask, bool))
+    sentence_t = {k: tf.constant(v) for k, v in sentences.items()}
+
+    def batch(step):
+        images, chosen = fb.draw_distinct_images(order, starts, counts, num_images, batch_size, step, seed)
+        out = {"image_fragments": tf.gather(images_t, images), "image_mask": tf.gather(mask_t, images)}
+        out.update({k: tf.gather(v, chosen) for k, v in sentence_t.items()})
+        return out
+
+    return tf.data.Dataset.counter(start=start_step, dtype=tf.int64).map(batch)
+
+
+def _memmapped(tmp_path, name, array):
+    np.save(tmp_path / name, array)
+    return np.load(tmp_path / name, mmap_mode="r")
+
+
+def test_batches_from_memory_maps_equal_the_in_graph_implementation_bit_for_bit(tmp_path):
+    caption_image, padded, _ = _data()
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(12, 4, 3)).astype(np.float32)
+    mask = rng.random((12, 4)) > 0.3
+    mapped = {k: _memmapped(tmp_path, f"{k}.npy", v) for k, v in padded.items()}
+    for stored in (features, features.astype(np.float16)):
+        got = fb.train_dataset(_memmapped(tmp_path, "f.npy", stored), _memmapped(tmp_path, "m.npy", mask),
+                               mapped, caption_image, batch_size=5, seed=3, start_step=4)
+        want = _old_train_dataset(stored, mask, padded, caption_image, batch_size=5, seed=3, start_step=4)
+        assert got.element_spec == want.element_spec
+        for a, b in zip(got.take(6).as_numpy_iterator(), want.take(6).as_numpy_iterator()):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_the_pipeline_graph_holds_no_dataset_array():
+    # At COCO size the fragments are tens of GB and the padded sentences hundreds of MB: as graph
+    # constants they are copied several times and fail past 2 GB. Only the per-image index
+    # arrays (a few bytes per image and sentence) may be constants.
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    caption_image = np.repeat(np.arange(300), 2)
+    lengths = np.arange(600) % 40
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    ids = np.arange(splits[-1], dtype=np.int32)
+    padded = fb.padded_sentence_arrays(ids % 3, ids, ids + 1, splits)        # 600 x 39 ids: ~94 KB each
+    features = np.ones((300, 20, 64), np.float32)                             # 1.5 MB
+    ds = fb.train_dataset(features, np.ones((300, 20), bool), padded, caption_image, batch_size=5, seed=3)
+    graph = graph_pb2.GraphDef.FromString(ds._as_serialized_graph(
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE).numpy())
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    largest = max(n.attr["value"].tensor.ByteSize() for n in nodes if n.op == "Const")
+    assert largest < 8 * 1024, largest

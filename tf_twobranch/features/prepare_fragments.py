@@ -10,6 +10,11 @@ the cache holds the activation *below* the CNN's top layer and that layer's
 weights (batch norm folded in): the features are one matmul away, and the
 second stage of the paper can fine-tune that layer (`image_head`).
 
+Nothing here holds a split's whole fragment array: the cache is built image
+by image into a resumable sharded row array (``<split>.inputs/``, float32 or
+``feature_dtype=float16``) and read memory-mapped, and the scene CNN's
+features (inputs·kernel + bias) are written once, block by block, beside it.
+
 Sentence side (§3.1): the dependency parses of the captions (CoNLL-U: the
 layout's ``<captions>.conllu``, or ``FragmentTextSpec.parses``), fragments of
 the chosen kind, relation types under 1 % of the training fragments dropped,
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import pathlib
 import time
@@ -32,6 +38,7 @@ from absl import logging
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.embedded_parses import embedded_parses_path
 from tf_twobranch.data.formats.conllu import read_conllu
+from tf_twobranch.data.formats.row_arrays import RowWriter, open_rows, storage_dtype
 from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.sentence_fragments import (FRAGMENT_KINDS, EncodedFragments, caption_trees,
@@ -61,8 +68,10 @@ class FragmentFeatureSpec:
     detections: int = DETECTIONS
     fragment_features: dict | None = None   # split -> precomputed (N, F, D) .npy/.h5 file
     seed: int = 0
+    feature_dtype: str = "float32"          # storage of the cache (float16: half the disk and page cache)
 
     def validate(self) -> None:
+        storage_dtype(self.feature_dtype)
         if self.image_backbone not in IMAGE_BACKBONES:
             raise ConfigError(f"image_backbone must be one of {IMAGE_BACKBONES}, got {self.image_backbone!r}")
         if self.detections < 0:
@@ -75,26 +84,50 @@ class FragmentFeatureSpec:
 
 @dataclasses.dataclass
 class FragmentImages:
-    """Image fragments of one split: CNN inputs (N, M, D), mask (N, M).
+    """Image fragments of one split: CNN inputs (N, M, D) (a memory-mapped row array, float32 or
+    float16), mask (N, M).
 
     ``head``: (kernel, bias) of the CNN's top layer when `inputs` are the
-    activations below it (scene CNN); then ``features()`` = inputs·kernel + bias.
+    activations below it (scene CNN); then ``features()`` = inputs·kernel + bias,
+    written once to a file named by `features_stem` (the cache) when there is one.
     """
 
     image_ids: list[str]
     inputs: np.ndarray
     mask: np.ndarray
     head: tuple[np.ndarray, np.ndarray] | None = None
+    features_stem: pathlib.Path | None = None
 
-    def features(self, chunk: int = 256) -> np.ndarray:
+    def features(self, chunk: int = 256):
+        """The fragments' final CNN features (N, M, D'), row-indexable; masked fragments are zero.
+
+        Without a head: `inputs` themselves (no copy). With one: computed
+        `chunk` images at a time into ``<features_stem>.features_<mask digest>.npy``
+        (memory-mapped; the mask is in the name because masked rows are
+        zeroed, and the fullframe ablation masks more), or into RAM without
+        `features_stem`.
+        """
         if self.head is None:
-            return np.asarray(self.inputs, np.float32)
+            return self.inputs
         kernel, bias = self.head
-        out = np.empty(self.inputs.shape[:2] + (kernel.shape[1],), np.float32)
+        shape = tuple(self.inputs.shape[:2]) + (kernel.shape[1],)
+        if self.features_stem is None:
+            out = np.empty(shape, np.float32)
+            self._apply_head(out, chunk)
+            return out
+        digest = hashlib.sha1(np.packbits(np.asarray(self.mask, bool)).tobytes()).hexdigest()[:10]
+        path = self.features_stem.with_name(f"{self.features_stem.name}.features_{digest}.npy")
+        if not path.exists():
+            with RowWriter(path, shape, self.inputs.dtype) as out:
+                self._apply_head(out.array, chunk)
+        return open_rows(path)
+
+    def _apply_head(self, out, chunk: int) -> None:
+        kernel, bias = self.head
         for i in range(0, len(self.inputs), chunk):
-            out[i:i + chunk] = np.asarray(self.inputs[i:i + chunk], np.float32) @ kernel + bias
-        out[~self.mask] = 0.0
-        return out
+            block = np.asarray(self.inputs[i:i + chunk], np.float32) @ kernel + bias
+            block[~np.asarray(self.mask[i:i + chunk], bool)] = 0.0
+            out[i:i + chunk] = block
 
 
 def _folded_top_layer(backbone: keras.Model) -> tuple[np.ndarray, np.ndarray]:
@@ -116,7 +149,9 @@ def image_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, CaptionCor
             if not path:
                 raise UserInputError(f"--fragment_features gives no file for the {split} split "
                                      f"(given: {sorted(spec.fragment_features)})")
-            inputs, mask = load_fragment_features(path, expected_images=corpus.num_images)
+            inputs, mask = load_fragment_features(path, expected_images=corpus.num_images,
+                                                  cache_dir=pathlib.Path(cache_dir) / "fragment_features",
+                                                  dtype=spec.feature_dtype)
             out[split] = FragmentImages(list(corpus.image_ids), inputs, mask)
         return out
     proposals_path = pathlib.Path(spec.proposals) if spec.proposals else layout.proposals
@@ -128,14 +163,18 @@ def image_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, CaptionCor
            "scene_cnn_epochs": spec.scene_cnn_epochs, "proposals": str(proposals_path.resolve()),
            "detections": spec.detections,
            "train": cache_digest({"ids": list(splits["train"].image_ids)})}
+    if spec.feature_dtype != "float32":
+        key["dtype"] = spec.feature_dtype     # float32 caches keep the names they had
     folder = pathlib.Path(cache_dir) / f"fragments_{spec.image_backbone}_{cache_digest(key)}"
     backbone = None
     out = {}
     for split, corpus in splits.items():
         ids = list(corpus.image_ids)
         stem = folder / f"{split}_{cache_digest({'ids': ids})}"
-        inputs_path, mask_path = stem.with_suffix(".inputs.npy"), stem.with_suffix(".mask.npy")
-        if not (inputs_path.exists() and mask_path.exists()):
+        mask_path, legacy = stem.with_suffix(".mask.npy"), stem.with_suffix(".inputs.npy")
+        # A complete cache of the earlier single-file layout is read as it is.
+        inputs_path = legacy if legacy.exists() and mask_path.exists() else stem.with_suffix(".inputs")
+        if not (mask_path.exists() and (inputs_path == legacy or (inputs_path / "rows.json").exists())):
             if backbone is None:
                 folder.mkdir(parents=True, exist_ok=True)
                 backbone = (cached_scene_cnn(layout, splits["train"], folder.parent, epochs=spec.scene_cnn_epochs,
@@ -150,19 +189,19 @@ def image_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, CaptionCor
             proposals = read_split_proposals(proposals_path, ids, spec.detections) if spec.detections else \
                 {i: np.zeros((0, 4), np.float32) for i in ids}
             paths = layout.image_paths(ids, file_names=getattr(corpus, "file_names", None), source=corpus.source)
-            inputs, mask = extract_fragment_features(dict(zip(ids, paths)), proposals, encoder, image_ids=ids,
-                                                     detections=spec.detections)
-            tmp = inputs_path.with_name(".tmp_" + inputs_path.name)
-            np.save(tmp, inputs)
-            tmp.rename(inputs_path)
-            np.save(mask_path, mask)
+            _, mask = extract_fragment_features(dict(zip(ids, paths)), proposals, encoder, image_ids=ids,
+                                                detections=spec.detections, out=inputs_path,
+                                                dtype=storage_dtype(spec.feature_dtype))
+            tmp = mask_path.with_name(".tmp_" + mask_path.name)
+            np.save(tmp, mask)
+            tmp.rename(mask_path)
             logging.info("image fragments of %s (%d images, %d fragments): %.1f s", split, len(ids),
                          int(mask.sum()), time.time() - start)
         head = None
         if (folder / "head.npz").exists():
             with np.load(folder / "head.npz") as arrays:
                 head = (arrays["arr_0"], arrays["arr_1"])
-        out[split] = FragmentImages(ids, np.load(inputs_path, mmap_mode="r"), np.load(mask_path), head)
+        out[split] = FragmentImages(ids, open_rows(inputs_path), np.load(mask_path), head, stem)
     return out
 
 

@@ -7,9 +7,12 @@ sentences). Image k of a batch is paired with sentence k (the positive bag of
 the fragment objective and the diagonal of the global ranking objective).
 
 Every draw is a stateless function of (seed, step), so a resumed run sees
-the same batches. The split's arrays live in the graph once; a step only
-gathers its rows, padded to the split's longest sentence so every batch has
-one shape (no retracing).
+the same batches. Only the small per-image index arrays live in the graph; a
+step reads its image-fragment and sentence rows by index from the arrays
+where they are (in RAM or memory-mapped: `row_gather.gather_op`; at COCO size
+the fragments are tens of GB and the padded sentences hundreds of MB), the
+sentences padded to the split's longest so every batch has one shape (no
+retracing).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
+from tf_twobranch.sampling.row_gather import gather_op
 
 __all__ = ["steps_per_epoch", "padded_sentence_arrays", "batch_indices", "draw_distinct_images", "sentences_by_image",
            "train_dataset"]
@@ -74,11 +78,12 @@ def train_dataset(image_fragments: np.ndarray, image_mask: np.ndarray, sentences
     """The infinite stream of training batches from step `start_step` on.
 
     Args:
-      image_fragments: (num_images, M, D) CNN inputs of every fragment; `image_mask` (num_images, M).
+      image_fragments: (num_images, M, D) CNN inputs of every fragment, any row-indexable array
+        (a memory map, `row_arrays.ShardedRows`); float16 rows are widened to float32 per batch.
+      image_mask: (num_images, M).
       sentences: `padded_sentence_arrays` of every training sentence.
       caption_image: the image of every sentence.
     """
-    image_fragments = np.asarray(image_fragments, np.float32)
     num_images = len(image_fragments)
     caption_image = np.asarray(caption_image, np.int64)
     if batch_size > num_images:
@@ -88,13 +93,13 @@ def train_dataset(image_fragments: np.ndarray, image_mask: np.ndarray, sentences
     if len(without):
         raise ConfigError(f"{len(without)} training image(s) have no sentence (e.g. row {without[0]})")
     order, starts, counts = (tf.constant(a) for a in sentences_by_image(caption_image, num_images))
-    images_t, mask_t = tf.constant(image_fragments), tf.constant(np.asarray(image_mask, bool))
-    sentence_t = {k: tf.constant(v) for k, v in sentences.items()}
+    image_mask = np.asarray(image_mask, bool)
 
     def batch(step):
         images, chosen = draw_distinct_images(order, starts, counts, num_images, batch_size, step, seed)
-        out = {"image_fragments": tf.gather(images_t, images), "image_mask": tf.gather(mask_t, images)}
-        out.update({k: tf.gather(v, chosen) for k, v in sentence_t.items()})
+        out = {"image_fragments": gather_op(image_fragments, images, np.float32),
+               "image_mask": gather_op(image_mask, images)}
+        out.update({k: gather_op(v, chosen) for k, v in sentences.items()})
         return out
 
     return (tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
