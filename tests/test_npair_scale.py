@@ -214,3 +214,51 @@ def test_pointing_reads_maps_by_id_from_row_arrays(tmp_path):
             np.testing.assert_array_equal(a, b)
     channel_mean = localization_maps.channel_mean_heat_maps(lazy, queries)
     np.testing.assert_array_equal(channel_mean[0], np.asarray(projected[2], np.float64).mean(axis=-1))
+
+
+def _old_phrase_inputs(entities_root, image_ids, vocabulary, word_matrix, max_words):
+    """The whole (N, T, word_dim) array the phrase parse was built as before."""
+    from tf_twobranch.data.formats.flickr30k_entities import read_entities_dataset
+    index = {w: i for i, w in enumerate(vocabulary) if i >= 4}
+    start, end = word_matrix[vocabulary.index("<start>")], word_matrix[vocabulary.index("<end>")]
+    rows = []
+    for image in read_entities_dataset(entities_root, list(image_ids)):
+        for sentence in image.sentences:
+            starts = {p.first_word_index: p.num_words for p in sentence.phrases}
+            words = [w.lower() for w in sentence.words]
+            items, i = [], 0
+            while i < len(words):
+                span = starts.get(i, 1)
+                known = [index[w] for w in words[i:i + span] if w in index]
+                if known:
+                    items.append(word_matrix[known].mean(axis=0))
+                i += span
+            rows.append(items)
+    inputs = np.repeat(np.repeat(end[None, None, :], max_words + 2, axis=1), len(rows), axis=0).astype(np.float32)
+    inputs[:, 0] = start
+    mask = np.zeros((len(rows), max_words + 2), bool)
+    trainable = np.array([0 < len(items) <= max_words for items in rows])
+    for r, items in enumerate(rows):
+        items = items[:max_words]
+        if items:
+            inputs[r, 1:1 + len(items)] = np.stack(items)
+            mask[r, 1:1 + len(items)] = True
+    return inputs, mask, trainable
+
+
+def test_phrase_parsed_inputs_are_built_per_row_with_the_whole_arrays_bits(tiny_data):
+    layout, splits = tiny_data
+    ids = splits["train"].image_ids
+    vocabulary = ["<pad>", "<unk>", "<start>", "<end>"] + sorted(
+        {w.lower() for c in splits["train"].captions for w in c.split()})
+    word_matrix = np.random.default_rng(4).normal(size=(len(vocabulary), 7)).astype(np.float32)
+    for max_words in (3, 20):                       # 3: long captions clipped, left out of training
+        parsed = prepare_npair.phrase_parsed_captions(layout.entities_dir, ids, vocabulary, word_matrix, max_words)
+        inputs, mask, trainable = _old_phrase_inputs(layout.entities_dir, ids, vocabulary, word_matrix, max_words)
+        assert parsed.word_inputs.shape == inputs.shape and len(parsed.caption_image) == len(inputs)
+        np.testing.assert_array_equal(parsed.token_mask, mask)
+        picked = np.array([5, 0, len(inputs) - 1, 5])
+        np.testing.assert_array_equal(parsed.word_inputs[picked], inputs[picked])
+        np.testing.assert_array_equal(np.asarray(parsed.word_inputs), inputs)
+        np.testing.assert_array_equal(parsed.trainable, trainable)
+        assert trainable.all() == (max_words == 20)

@@ -50,7 +50,7 @@ from tf_twobranch.features.word_vectors import train_word_vectors
 
 __all__ = ["NPairInputSpec", "NPairText", "CaptionTokens", "spatial_backbone", "backbone_input_size",
            "split_images", "backbone_maps", "caption_inputs", "encode_token_lists", "encode_words",
-           "PhraseParsedCaptions", "phrase_parsed_captions"]
+           "PhraseInputRows", "PhraseParsedCaptions", "phrase_parsed_captions"]
 
 BACKBONES = ("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152")
 
@@ -242,11 +242,62 @@ def caption_inputs(splits: Mapping[str, CaptionCorpus], spec: NPairInputSpec) ->
     return NPairText(vocabulary, matrix, out, spec.max_words)
 
 
+class PhraseInputRows:
+    """(N, T, word_dim) float32 LSTM inputs of phrase-parsed captions, built when rows are read.
+
+    Held as the captions' word ids (one int32 per known word), not as N·T·word_dim floats
+    (Flickr30K: 150K captions × 22 × 300 floats = 4 GB): ``rows[indices]`` builds just those rows,
+    with the same numpy operations the whole array was built with, so every row has the same bits.
+    Indexes like an array (`row_gather.gather_op` reads a batch's rows).
+    """
+
+    def __init__(self, word_matrix: np.ndarray, start: int, end: int, words: np.ndarray,
+                 item_starts: np.ndarray, caption_items: np.ndarray, width: int):
+        self.word_matrix = word_matrix
+        self._start, self._end = word_matrix[start], word_matrix[end]
+        self._words, self._item_starts, self._caption_items = words, item_starts, caption_items
+        self.shape = (len(caption_items) - 1, width, int(word_matrix.shape[1]))
+        self.dtype = np.dtype(np.float32)
+        self.ndim = 3
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _row(self, r: int, out: np.ndarray) -> None:
+        out[:] = self._end
+        out[0] = self._start
+        first, last = int(self._caption_items[r]), int(self._caption_items[r + 1])
+        last = min(last, first + self.shape[1] - 2)         # clipped to max_words items
+        items = [self.word_matrix[self._words[self._item_starts[i]:self._item_starts[i + 1]]].mean(axis=0)
+                 for i in range(first, last)]
+        if items:
+            out[1:1 + len(items)] = np.stack(items)
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            return self[np.asarray([index])][0]
+        if isinstance(index, slice):
+            index = np.arange(*index.indices(len(self)))
+        index = np.asarray(index, np.int64).reshape(-1)
+        if len(index) and (index.min() < -len(self) or index.max() >= len(self)):
+            raise IndexError(f"row index out of range for {len(self)} rows")
+        index = np.where(index < 0, index + len(self), index)
+        out = np.empty((len(index),) + self.shape[1:], np.float32)
+        for k, r in enumerate(index):
+            self._row(int(r), out[k])
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self[0:len(self)]
+        return whole if dtype is None else whole.astype(dtype)
+
+
 @dataclasses.dataclass
 class PhraseParsedCaptions:
     """Training captions in the code's phrase parse mode: LSTM inputs (N, T, word_dim), in which
-    each annotated phrase is ONE input, the mean of its known words' vectors."""
-    word_inputs: np.ndarray
+    each annotated phrase is ONE input, the mean of its known words' vectors (built per row
+    read: `PhraseInputRows`)."""
+    word_inputs: PhraseInputRows
     token_mask: np.ndarray
     trainable: np.ndarray
     caption_image: np.ndarray
@@ -259,30 +310,27 @@ def phrase_parsed_captions(entities_root, image_ids: Sequence[str], vocabulary: 
     from tf_twobranch.data.formats.flickr30k_entities import read_entities_dataset
 
     index = {w: i for i, w in enumerate(vocabulary) if i >= 4}
-    start, end = word_matrix[vocabulary.index(START_TOKEN)], word_matrix[vocabulary.index(END_TOKEN)]
-    rows, owners = [], []
+    words, item_starts, caption_items, owners = [], [0], [0], []
     for row, image in enumerate(read_entities_dataset(entities_root, list(image_ids))):
         for sentence in image.sentences:
             starts = {p.first_word_index: p.num_words for p in sentence.phrases}
-            words = [w.lower() for w in sentence.words]
-            items, i = [], 0
-            while i < len(words):
+            tokens = [w.lower() for w in sentence.words]
+            i = 0
+            while i < len(tokens):
                 span = starts.get(i, 1)
-                known = [index[w] for w in words[i:i + span] if w in index]
+                known = [index[w] for w in tokens[i:i + span] if w in index]
                 if known:
-                    items.append(word_matrix[known].mean(axis=0))
+                    words.extend(known)
+                    item_starts.append(len(words))
                 i += span
-            rows.append(items)
+            caption_items.append(len(item_starts) - 1)
             owners.append(row)
-    n, width = len(rows), max_words + 2
-    inputs = np.repeat(np.repeat(end[None, None, :], width, axis=1), n, axis=0).astype(np.float32)
-    inputs[:, 0] = start
+    caption_items = np.asarray(caption_items, np.int64)
+    counts = np.diff(caption_items)
+    n, width = len(counts), max_words + 2
+    trainable = (counts > 0) & (counts <= max_words)
     mask = np.zeros((n, width), bool)
-    trainable = np.zeros(n, bool)
-    for r, items in enumerate(rows):
-        trainable[r] = 0 < len(items) <= max_words
-        items = items[:max_words]
-        if items:
-            inputs[r, 1:1 + len(items)] = np.stack(items)
-            mask[r, 1:1 + len(items)] = True
+    mask[:, 1:] = np.arange(width - 1)[None, :] < np.minimum(counts, max_words)[:, None]
+    inputs = PhraseInputRows(word_matrix, vocabulary.index(START_TOKEN), vocabulary.index(END_TOKEN),
+                             np.asarray(words, np.int64), np.asarray(item_starts, np.int64), caption_items, width)
     return PhraseParsedCaptions(inputs, mask, trainable, np.asarray(owners, np.int32))
