@@ -22,6 +22,13 @@ maximum over rows only (``--aggregator=max_rows_code``), the L2 norms
 computed but not applied (``--normalisation=none``), the swapped x/y of its
 hit test, I_r1 = C_r1.
 
+Memory is bounded by a batch or a chunk, not by the dataset: the backbone maps
+(and, with --train_backbone, the training images) are cached as memory-mapped
+row arrays (--feature_dtype=float16 halves them), training batches read their
+rows by index, and the evaluation split's projected maps and token vectors are
+written chunk by chunk to a temporary folder of the run, once for every
+protocol and the pointing game.
+
 With no --dataset_dir the embedded digit scenes are used (their scene CNN
 and Flickr30K Entities-format phrases and boxes) with the small profile below.
 """
@@ -32,7 +39,6 @@ import tempfile
 import time
 
 import keras
-import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
