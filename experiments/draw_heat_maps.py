@@ -51,7 +51,6 @@ def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "
     if layout.entities_dir is None:
         raise UserInputError(f"{layout.root}: no Flickr30K Entities Sentences/ and Annotations/ to draw from")
     out = []
-    image_maps = None
     for index in image_indices:
         if not 0 <= index < corpus.num_images:
             raise UserInputError(f"--image_index={index}: the {f.eval_split} split has {corpus.num_images} images")
@@ -59,10 +58,13 @@ def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "
         queries = [q for q in pointing_queries(layout.entities_dir, [image_id]) if q.sentence_index == sentence]
         if not queries:
             raise UserInputError(f"image {image_id}, sentence {sentence}: no phrase with a ground-truth box")
-        if image_maps is None:
-            image_maps = localization_maps.projected_maps(model, maps[f.eval_split])
-        heat = localization_maps.query_heat_maps(model, {image_id: image_maps[index]}, queries, text.vocabulary,
-                                                 mode=parse_mode, max_words=f.max_words)
+        # Only the evaluation chunk holding the image is projected (the split's maps may not fit in
+        # memory); it is the chunk the run's evaluation projected, so the maps are the run's.
+        first = index // localization_maps.MAP_CHUNK * localization_maps.MAP_CHUNK
+        image_maps = localization_maps.projected_maps(
+            model, maps[f.eval_split][first:first + localization_maps.MAP_CHUNK])
+        heat = localization_maps.query_heat_maps(model, {image_id: image_maps[index - first]}, queries,
+                                                 text.vocabulary, mode=parse_mode, max_words=f.max_words)
         path = layout.image_paths([image_id], source=corpus.source)[0]
         out.append(localization_maps.draw_phrase_heat_maps(
             load_image(path), queries, heat, pathlib.Path(out_dir) / f"{image_id}_s{sentence}_{parse_mode}.png",

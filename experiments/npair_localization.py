@@ -22,16 +22,23 @@ maximum over rows only (``--aggregator=max_rows_code``), the L2 norms
 computed but not applied (``--normalisation=none``), the swapped x/y of its
 hit test, I_r1 = C_r1.
 
+Memory is bounded by a batch or a chunk, not by the dataset: the backbone maps
+(and, with --train_backbone, the training images) are cached as memory-mapped
+row arrays (--feature_dtype=float16 halves them), training batches read their
+rows by index, and the evaluation split's projected maps and token vectors are
+written chunk by chunk to a temporary folder of the run, once for every
+protocol and the pointing game.
+
 With no --dataset_dir the embedded digit scenes are used (their scene CNN
 and Flickr30K Entities-format phrases and boxes) with the small profile below.
 """
 from __future__ import annotations
 
 import pathlib
+import tempfile
 import time
 
 import keras
-import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
@@ -98,6 +105,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "images).", **d)
     flags.DEFINE_string("backbone_weights", "", "Local ImageNet weights file of the backbone.", **d)
     flags.DEFINE_integer("scene_cnn_epochs", 12, "Epochs of the scene_cnn backbone.", lower_bound=1, **d)
+    common.define_feature_storage_flag(fv)
     flags.DEFINE_bool("train_backbone", False, "Train the CNN end to end (the paper) instead of on its "
                       "cached maps.", **d)
     # Model and loss.
@@ -152,13 +160,17 @@ def load_data(f, *, need_text: bool = True):
         splits[name] = corpus.subset(corpus.image_ids[:limit], source=corpus.source) if limit else corpus
     spec = NPairInputSpec(image_backbone=f.image_backbone, backbone_weights=f.backbone_weights or None,
                           scene_cnn_epochs=f.scene_cnn_epochs, word_vectors=f.word_vectors or None,
-                          word_dim=f.word_dim, max_words=f.max_words, seed=f.seed)
+                          word_dim=f.word_dim, max_words=f.max_words, seed=f.seed, feature_dtype=f.feature_dtype)
     spec.validate()
-    cache = pathlib.Path(f.features_cache) if f.features_cache else source / "features"
+    cache = features_cache(f, source)
     text = caption_inputs(splits, spec) if need_text else None
     backbone = spatial_backbone(layout, splits["train"], cache, spec)
     maps = backbone_maps(layout, splits, cache, spec, backbone)
     return source, layout, splits, text, backbone, maps
+
+
+def features_cache(f, source) -> pathlib.Path:
+    return pathlib.Path(f.features_cache) if f.features_cache else pathlib.Path(source) / "features"
 
 
 def build_config(f, text, maps) -> NPairLocalizationConfig:
@@ -174,18 +186,15 @@ def build_config(f, text, maps) -> NPairLocalizationConfig:
 # ---------------------------------------------------------------------------- evaluation
 
 
-def caption_token_vectors(model, token_ids: np.ndarray, chunk: int = 512) -> np.ndarray:
-    return np.concatenate([np.asarray(model.token_vectors(token_ids[i:i + chunk]))
-                           for i in range(0, len(token_ids), chunk)])
-
-
-def evaluate_retrieval(model, image_maps: np.ndarray, tokens, caption_image, protocols) -> dict:
+def evaluate_retrieval(model, normalised_maps, tokens, caption_image, protocols, work_dir) -> dict:
     """Per protocol: R@K, median/mean rank and rsum of S(I, T) over the split through the one
-    evaluation core. `image_maps` are the split's projected maps (`projected_maps`)."""
-    vectors = caption_token_vectors(model, tokens.token_ids)
-    image_maps, vectors = (np.asarray(x) for x in model.normalised(image_maps, vectors, tokens.token_mask))
+    evaluation core. `normalised_maps` are the split's maps as the score takes them
+    (`EvaluationMaps.normalised`); the captions' token vectors are computed once, chunk by chunk,
+    into `work_dir`, and every protocol scores the same memory-mapped rows."""
+    vectors = localization_maps.token_vector_rows(model, tokens.token_ids, tokens.token_mask,
+                                                  pathlib.Path(work_dir) / "token_vectors.npy")
     c = model.config
-    return {p: evaluate_localization_retrieval(image_maps, vectors, tokens.token_mask, caption_image, p,
+    return {p: evaluate_localization_retrieval(normalised_maps, vectors, tokens.token_mask, caption_image, p,
                                                aggregator=c.aggregator, token_average=c.token_average)
             for p in protocols}
 
@@ -196,10 +205,11 @@ def evaluation_queries(layout, corpus):
     return pointing_queries(layout.entities_dir, list(corpus.image_ids))
 
 
-def evaluate_pointing(model, image_maps: np.ndarray, corpus, queries, vocabulary, max_words: int,
+def evaluate_pointing(model, projected_maps, corpus, queries, vocabulary, max_words: int,
                       counting: str) -> dict:
-    """Pointing-game results in both parse modes; `image_maps` as for `evaluate_retrieval`."""
-    by_image = dict(zip(corpus.image_ids, image_maps))
+    """Pointing-game results in both parse modes; `projected_maps` the split's a_{r,c}
+    (`EvaluationMaps.projected`), read per query chunk."""
+    by_image = localization_maps.RowsById(corpus.image_ids, projected_maps)
     return {mode: localization_maps.pointing_results(
         queries, localization_maps.query_heat_maps(model, by_image, queries, vocabulary, mode=mode,
                                                    max_words=max_words), counting=counting)
@@ -247,8 +257,8 @@ def run(f) -> dict:
             raise common.UserInputError(f"{source}: the pointing baselines need Flickr30K Entities "
                                         "Sentences/ and Annotations/ folders")
         if f.row_kind == "channel_mean":
-            heat = localization_maps.channel_mean_heat_maps(dict(zip(evaluation.image_ids, maps[f.eval_split])),
-                                                            queries)
+            heat = localization_maps.channel_mean_heat_maps(
+                localization_maps.RowsById(evaluation.image_ids, maps[f.eval_split]), queries)
             result = localization_maps.pointing_results(queries, heat, counting=f.pointing_counting)
         else:
             result = localization_maps.pointing_results(
@@ -269,7 +279,9 @@ def run(f) -> dict:
         steps = f.steps_per_epoch
         train = text.splits["train"]
         if f.train_backbone:
-            image_inputs, image_key = split_images(layout, splits["train"], int(backbone.input.shape[1])), "image"
+            image_inputs = split_images(layout, splits["train"], int(backbone.input.shape[1]),
+                                        features_cache(f, source))
+            image_key = "image"
         else:
             image_inputs, image_key = maps["train"], "backbone_map"
         captions, token_key, caption_image = train.token_ids, "token_ids", splits["train"].caption_image
@@ -302,15 +314,19 @@ def run(f) -> dict:
         save_npair_config(run_dir / "npair_config.json", config, vocabulary=text.vocabulary)
         model.save_weights(run_dir / "untrained.weights.h5")
     record["history"] = history
-    image_maps = localization_maps.projected_maps(model, maps[f.eval_split])
     protocols = dict.fromkeys([f.protocol] + (["folds_100"] if evaluation.num_images >= 100 else []))
-    record["retrieval"] = evaluate_retrieval(model, image_maps, text.splits[f.eval_split],
-                                             evaluation.caption_image, protocols)
+    # The split's maps and token vectors are written once to disk, chunk by chunk, and read by every
+    # protocol and the pointing game; the folder goes when the evaluation is done.
+    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".evaluation_") as work_dir:
+        image_maps = localization_maps.evaluation_maps(model, maps[f.eval_split], work_dir)
+        record["retrieval"] = evaluate_retrieval(model, image_maps.normalised, text.splits[f.eval_split],
+                                                 evaluation.caption_image, protocols, work_dir)
+        if queries is not None:
+            record["pointing"] = evaluate_pointing(model, image_maps.projected, evaluation, queries,
+                                                   text.vocabulary, f.max_words, f.pointing_counting)
+        del image_maps
     record["random_baseline"] = retrieval.random_baseline_metrics(
         evaluation.num_images, evaluation.caption_image, protocol=f.protocol, seed=f.seed)
-    if queries is not None:
-        record["pointing"] = evaluate_pointing(model, image_maps, evaluation, queries, text.vocabulary,
-                                               f.max_words, f.pointing_counting)
     _summary(record, f)
     logging.info("%s: %s", row_name, {k: round(v, 2) for k, v in record["metrics"].items()})
     if f.export and common.is_chief() and f.row_kind == "model":

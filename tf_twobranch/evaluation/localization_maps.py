@@ -18,26 +18,119 @@ centre, or the maximum of the backbone map's channel mean (the paper's
 from __future__ import annotations
 
 import collections
+import dataclasses
 import pathlib
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
+
+from tf_twobranch.data.formats.row_arrays import RowWriter, open_rows
 
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation import pointing_game
 
-__all__ = ["PARSE_MODES", "projected_maps", "query_heat_maps", "pointing_results", "baseline_points",
+__all__ = ["PARSE_MODES", "MAP_CHUNK", "projected_maps", "EvaluationMaps", "evaluation_maps", "token_vector_rows", "RowsById",
+           "query_heat_maps", "pointing_results", "baseline_points",
            "channel_mean_heat_maps", "draw_phrase_heat_maps"]
 
 PARSE_MODES = ("word", "phrase")
+# Images projected per model call. Evaluation and pictures use the same chunks, so an image's
+# projected map does not depend on which of them computed it.
+MAP_CHUNK = 128
 
 
-def projected_maps(model, backbone_maps: np.ndarray, chunk: int = 128) -> np.ndarray:
-    """(N, h, w, d) a_{r,c} of every image from its backbone map (inference mode)."""
-    return np.concatenate([np.asarray(model.image_maps({"backbone_map": backbone_maps[i:i + chunk]}))
-                           for i in range(0, len(backbone_maps), chunk)]) if len(backbone_maps) else \
-        np.zeros((0,) + tuple(model.projection.output.shape[1:]), np.float32)
+def _projected_chunks(model, backbone_maps, chunk: int):
+    """(start, stop, (stop - start, h, w, d) a_{r,c}) chunk by chunk (inference mode); the chunks
+    are the same however the result is stored, so every caller sees the same maps."""
+    for start in range(0, len(backbone_maps), chunk):
+        stop = min(start + chunk, len(backbone_maps))
+        rows = np.asarray(backbone_maps[start:stop], np.float32)   # float16 storage widened
+        yield start, stop, model.image_maps({"backbone_map": rows})
+
+
+def _map_shape(model, backbone_maps) -> tuple:
+    """(h, w, d) of a projected map: the 'same'-padded projection keeps the backbone map's h × w."""
+    return tuple(int(n) for n in backbone_maps.shape[1:3]) + (int(model.config.embed_dim),)
+
+
+def projected_maps(model, backbone_maps, chunk: int = MAP_CHUNK) -> np.ndarray:
+    """(N, h, w, d) a_{r,c} of every image from its backbone map, in RAM: for a few images
+    (`evaluation_maps` writes a whole evaluation split to disk instead)."""
+    parts = [np.asarray(maps) for _, _, maps in _projected_chunks(model, backbone_maps, chunk)]
+    return np.concatenate(parts) if parts else np.zeros((0,) + _map_shape(model, backbone_maps), np.float32)
+
+
+@dataclasses.dataclass
+class EvaluationMaps:
+    """The evaluation split's image maps, memory-mapped row arrays computed once per evaluation.
+
+    ``projected``: a_{r,c} as the model projects them (the pointing game normalises them together
+    with each query's tokens); ``normalised``: as the model's score normalises them (what the
+    retrieval scorer takes).
+    """
+    projected: np.ndarray
+    normalised: np.ndarray
+
+
+def _normalised_maps(model, maps):
+    # The model normalises maps and tokens in one call; a map's normalisation reads only that map,
+    # so one zero token stands in for the captions.
+    tokens = np.zeros((1, 1, maps.shape[-1]), np.float32)
+    return np.asarray(model.normalised(maps, tokens, np.ones((1, 1), bool))[0])
+
+
+def evaluation_maps(model, backbone_maps, folder, chunk: int = MAP_CHUNK) -> EvaluationMaps:
+    """Projects and normalises the maps of every image chunk by chunk, written as they come into
+    ``folder`` (``projected.npy``, ``normalised.npy``): memory holds a chunk, not the split."""
+    folder = pathlib.Path(folder)
+    shape = (len(backbone_maps),) + _map_shape(model, backbone_maps)
+    projected = RowWriter(folder / "projected.npy", shape, np.float32)
+    normalised = RowWriter(folder / "normalised.npy", shape, np.float32)
+    try:
+        for start, stop, maps in _projected_chunks(model, backbone_maps, chunk):
+            projected[start:stop] = np.asarray(maps)
+            normalised[start:stop] = _normalised_maps(model, maps)
+    except BaseException:
+        projected.abort()
+        normalised.abort()
+        raise
+    return EvaluationMaps(open_rows(projected.close()), open_rows(normalised.close()))
+
+
+def token_vector_rows(model, token_ids, token_mask, path, chunk: int = 512) -> np.ndarray:
+    """(num_captions, T, d) s_t of every caption, normalised as the model's score normalises them,
+    chunk by chunk into the ``.npy`` file `path` (memory-mapped)."""
+    token_mask = np.asarray(token_mask, bool)
+    shape = (len(token_ids), int(token_mask.shape[1]), int(model.config.embed_dim))
+    with RowWriter(path, shape, np.float32) as out:
+        for start in range(0, len(token_ids), chunk):
+            stop = min(start + chunk, len(token_ids))
+            tokens = model.token_vectors(np.asarray(token_ids[start:stop]))
+            dummy = np.zeros((1, 1, 1, shape[2]), np.float32)
+            # As in `_normalised_maps`: a caption's normalisation reads only that caption.
+            out[start:stop] = np.asarray(model.normalised(dummy, tokens, token_mask[start:stop])[1])
+    return open_rows(path)
+
+
+class RowsById(Mapping):
+    """image id -> its row of a (memory-mapped) row array, read when asked: a lazy
+    ``dict(zip(image_ids, rows))`` that never holds the split's maps."""
+
+    def __init__(self, image_ids: Sequence[str], rows):
+        if len(image_ids) != len(rows):
+            raise ConfigError(f"{len(image_ids)} image ids for {len(rows)} rows")
+        self._index = {image_id: i for i, image_id in enumerate(image_ids)}
+        self._rows = rows
+
+    def __getitem__(self, image_id):
+        return self._rows[self._index[image_id]]
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 def _caption_inputs(query, index: dict, max_words: int, mode: str, word_matrix: np.ndarray,
@@ -66,12 +159,13 @@ def _caption_inputs(query, index: dict, max_words: int, mode: str, word_matrix: 
     return inputs, mask, positions
 
 
-def query_heat_maps(model, maps_by_image: dict, queries: Sequence, vocabulary: Sequence[str], *,
+def query_heat_maps(model, maps_by_image: Mapping, queries: Sequence, vocabulary: Sequence[str], *,
                     mode: str = "word", max_words: int = 20, chunk: int = 256) -> list[np.ndarray | None]:
     """The (h, w) heat map of every query (None: no word of the phrase has a vector).
 
     Args:
-      maps_by_image: image id → (h, w, d) projected map (`projected_maps`).
+      maps_by_image: image id → (h, w, d) projected map (`projected_maps`; or `RowsById` over
+        ``EvaluationMaps.projected``: only the maps of a chunk's images are read).
       vocabulary: the model's vocabulary (``<pad>, <unk>, <start>, <end>, words...``).
     """
     if mode not in PARSE_MODES:
@@ -107,8 +201,11 @@ def query_heat_maps(model, maps_by_image: dict, queries: Sequence, vocabulary: S
     return out
 
 
-def channel_mean_heat_maps(backbone_maps_by_image: dict, queries: Sequence) -> list[np.ndarray]:
-    """The paper's "VGG baseline": the backbone map averaged over channels, the same for every phrase."""
+def channel_mean_heat_maps(backbone_maps_by_image: Mapping, queries: Sequence) -> list[np.ndarray]:
+    """The paper's "VGG baseline": the backbone map averaged over channels, the same for every phrase.
+
+    `backbone_maps_by_image`: image id → (h, w, C) map, e.g. `RowsById` over the memory-mapped
+    backbone maps (each query reads its image's map)."""
     return [np.asarray(backbone_maps_by_image[q.image_id], np.float64).mean(axis=-1) for q in queries]
 
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.sampling.fragment_batches import draw_distinct_images, sentences_by_image
+from tf_twobranch.sampling.row_gather import gather_op
 
 __all__ = ["trainable_pairs", "batch_rows", "train_dataset"]
 
@@ -41,14 +42,19 @@ def batch_rows(caption_image, trainable, batch_size: int, step, seed: int):
     return tf.gather(images, chosen_images), tf.gather(rows, chosen)
 
 
-def train_dataset(image_inputs: np.ndarray, token_ids: np.ndarray, token_mask: np.ndarray, caption_image,
-                  trainable, *, batch_size: int, seed: int, start_step: int = 0,
-                  image_key: str = "backbone_map", token_key: str = "token_ids") -> tf.data.Dataset:
+def train_dataset(image_inputs, token_ids, token_mask, caption_image, trainable, *, batch_size: int, seed: int,
+                  start_step: int = 0, image_key: str = "backbone_map",
+                  token_key: str = "token_ids") -> tf.data.Dataset:
     """The infinite stream of batches from step `start_step` on.
 
+    Each batch's rows are read by index from the arrays where they live (in RAM, memory-mapped
+    or sharded on disk: `row_gather.gather_op`), so memory is bounded by the batch, not the
+    dataset, and no array enters the graph as a constant.
+
     Args:
-      image_inputs: per image, the frozen backbone's map (``image_key`` "backbone_map") or
-        the uint8 image (``"image"``, for a backbone trained end to end; cast to float32).
+      image_inputs: per image, the frozen backbone's map (``image_key`` "backbone_map"; float16
+        storage is widened) or the uint8 image (``"image"``, for a backbone trained end to end);
+        both reach the model as float32.
       token_ids, token_mask: (num_captions, T) of every training caption; with ``token_key``
         "word_inputs", `token_ids` are (num_captions, T, word_dim) LSTM inputs (phrase-parsed).
       caption_image: the image row of every caption; trainable: which captions may be drawn.
@@ -58,16 +64,17 @@ def train_dataset(image_inputs: np.ndarray, token_ids: np.ndarray, token_mask: n
         raise ConfigError(f"batch_size {batch_size} exceeds the {len(images)} training images with a usable "
                           "caption (a batch holds distinct images)")
     order, starts, counts = (tf.constant(a) for a in sentences_by_image(local, len(images)))
-    images_t = tf.constant(np.asarray(image_inputs)[images])
-    ids = np.asarray(token_ids)[rows]
-    ids_t = tf.constant(ids.astype(np.float32) if token_key == "word_inputs" else ids.astype(np.int32))
-    mask_t = tf.constant(np.asarray(token_mask, bool)[rows])
+    # The draw indexes the pool (images with a trainable caption, those captions); these map it
+    # back to rows of the full arrays.
+    image_rows, caption_rows = tf.constant(images), tf.constant(rows)
+    token_dtype = np.float32 if token_key == "word_inputs" else np.int32
 
     def batch(step):
         chosen_images, chosen = draw_distinct_images(order, starts, counts, len(images), batch_size, step, seed)
-        pixels = tf.gather(images_t, chosen_images)
-        return {image_key: tf.cast(pixels, tf.float32), token_key: tf.gather(ids_t, chosen),
-                "token_mask": tf.gather(mask_t, chosen)}
+        picked = tf.gather(caption_rows, chosen)
+        pixels = gather_op(image_inputs, tf.gather(image_rows, chosen_images))
+        return {image_key: tf.cast(pixels, tf.float32), token_key: gather_op(token_ids, picked, token_dtype),
+                "token_mask": gather_op(token_mask, picked, bool)}
 
     return (tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
             .map(batch, num_parallel_calls=1).prefetch(2))
