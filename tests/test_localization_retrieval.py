@@ -100,5 +100,17 @@ def test_bad_inputs_are_clear_errors():
         lr.localization_score_fn(maps, vectors, mask, caption_chunk=0)
     bad = maps.copy()
     bad[0, 0, 0, 0] = np.nan
-    with pytest.raises(UserInputError, match="NaN"):
-        lr.localization_score_fn(bad, vectors, mask)
+    # The gallery is read (and checked) chunk by chunk as it is scored, never whole up front.
+    score = lr.localization_score_fn(bad, vectors, mask)
+    with pytest.raises(UserInputError, match=r"image maps have NaN/inf values \(row 0\)"):
+        score(0, 4)
+    bad_tokens = vectors.copy()
+    bad_tokens[3, 0, 0] = np.inf                       # a real token (every caption has one)
+    with pytest.raises(UserInputError, match=r"token vectors have NaN/inf values \(row 3\)"):
+        lr.localization_score_fn(maps, bad_tokens, mask)(0, 14)
+    padded = vectors.copy()
+    padded[~mask] = np.nan                             # padded positions are never read under "real"
+    np.testing.assert_array_equal(lr.localization_score_fn(maps, padded, mask)(0, 14),
+                                  lr.localization_score_fn(maps, vectors, mask)(0, 14))
+    with pytest.raises(ConfigError, match="score_dtype"):
+        lr.localization_score_fn(maps, vectors, mask, aggregator="max_text", score_dtype="bfloat16")
