@@ -100,5 +100,56 @@ def test_bad_inputs_are_clear_errors():
         lr.localization_score_fn(maps, vectors, mask, caption_chunk=0)
     bad = maps.copy()
     bad[0, 0, 0, 0] = np.nan
-    with pytest.raises(UserInputError, match="NaN"):
-        lr.localization_score_fn(bad, vectors, mask)
+    # The gallery is read (and checked) chunk by chunk as it is scored, never whole up front.
+    score = lr.localization_score_fn(bad, vectors, mask)
+    with pytest.raises(UserInputError, match=r"image maps have NaN/inf values \(row 0\)"):
+        score(0, 4)
+    bad_tokens = vectors.copy()
+    bad_tokens[3, 0, 0] = np.inf                       # a real token (every caption has one)
+    with pytest.raises(UserInputError, match=r"token vectors have NaN/inf values \(row 3\)"):
+        lr.localization_score_fn(maps, bad_tokens, mask)(0, 14)
+    padded = vectors.copy()
+    padded[~mask] = np.nan                             # padded positions are never read under "real"
+    np.testing.assert_array_equal(lr.localization_score_fn(maps, padded, mask)(0, 14),
+                                  lr.localization_score_fn(maps, vectors, mask)(0, 14))
+    with pytest.raises(ConfigError, match="score_dtype"):
+        lr.localization_score_fn(maps, vectors, mask, aggregator="max_text", score_dtype="bfloat16")
+
+
+def test_packed_scores_do_not_depend_on_the_block_and_read_memory_maps(tmp_path):
+    """A caption scores bit-identically in every window and packing; memmapped inputs are read
+    chunk by chunk and give the in-memory scores."""
+    maps, vectors, mask, _ = gallery(seed=3, images=9, captions_per_image=3, tokens=6, depth=8)
+    full = brute_matrix(maps, vectors, mask, "max_image", "real")
+    score = lr.localization_score_fn(maps, vectors, mask, image_chunk=4, caption_chunk=3)
+    whole = score(0, 27)
+    np.testing.assert_allclose(whole, full, rtol=1e-5, atol=1e-5)
+    for start in (1, 5, 13):                           # other windows: other packings of the tokens
+        np.testing.assert_array_equal(score(start, start + 14), whole[:, start:start + 14])
+    # Duplicated captions tie exactly wherever they sit.
+    twice = np.concatenate([vectors, vectors[::-1]])
+    both = lr.localization_score_fn(maps, twice, np.concatenate([mask, mask[::-1]]),
+                                    image_chunk=4, caption_chunk=3)(0, 54)
+    np.testing.assert_array_equal(both[:, :27], both[:, 27:][:, ::-1])
+    np.save(tmp_path / "maps.npy", maps)
+    np.save(tmp_path / "vectors.npy", vectors.astype(np.float16))
+    mapped = lr.localization_score_fn(np.load(tmp_path / "maps.npy", mmap_mode="r"),
+                                      np.load(tmp_path / "vectors.npy", mmap_mode="r"), mask,
+                                      image_chunk=4, caption_chunk=3)
+    half = lr.localization_score_fn(maps, vectors.astype(np.float16).astype(np.float32), mask,
+                                    image_chunk=4, caption_chunk=3)
+    np.testing.assert_array_equal(mapped(0, 27), half(0, 27))
+
+
+def test_bfloat16_scores_are_close_and_rank_alike():
+    maps, vectors, mask, caption_image = gallery(seed=4, images=30, captions_per_image=2,
+                                                 height=3, width=3, tokens=6, depth=32)
+    exact = lr.localization_score_fn(maps, vectors, mask)(0, 60)
+    fast = lr.localization_score_fn(maps, vectors, mask, score_dtype="bfloat16")(0, 60)
+    assert fast.dtype == np.float32
+    # bf16 keeps 8 significant bits: inputs and each location's product rounded.
+    np.testing.assert_allclose(fast, exact, rtol=0, atol=0.02 * np.abs(exact).max())
+    metrics = {dtype: lr.evaluate_localization_retrieval(maps, vectors, mask, caption_image,
+                                                         score_dtype=dtype, chunk_size=16)
+               for dtype in ("float32", "bfloat16")}
+    assert abs(metrics["float32"]["rsum"] - metrics["bfloat16"]["rsum"]) <= 20

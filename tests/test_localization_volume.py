@@ -198,3 +198,20 @@ def test_bad_inputs_are_clear_errors():
         lv.pairwise_localization_scores(maps, vectors, mask[:, :2])
     with pytest.raises(UserInputError, match="image maps"):
         lv.pairwise_localization_scores(maps[0], vectors, mask)
+
+
+def test_packed_max_image_scores_equal_the_padded_scores():
+    maps, vectors, mask = random_inputs(seed=5)
+    expected = lv.pairwise_localization_scores(maps, vectors, mask).numpy()
+    counts = mask.sum(axis=1)
+    packed = np.concatenate([vectors[mask], np.zeros((3, 4), np.float32)])   # 3 unused slots
+    slot_index = np.full((4, 5), len(packed), np.int32)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    for k, n in enumerate(counts):
+        slot_index[k, :n] = np.arange(offsets[k], offsets[k] + n)
+    got = lv.packed_max_image_scores(maps, packed, slot_index, counts).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ConfigError, match="score_dtype"):
+        lv.packed_max_image_scores(maps, packed, slot_index, counts, score_dtype="float16")
+    fast = lv.packed_max_image_scores(maps, packed, slot_index, counts, score_dtype="bfloat16")
+    np.testing.assert_allclose(fast.numpy(), expected, rtol=0.02, atol=0.05)

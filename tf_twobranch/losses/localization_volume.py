@@ -42,13 +42,17 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, UserInputError
 
-__all__ = ["AGGREGATORS", "TOKEN_AVERAGES", "NORMALISATIONS", "localization_volume",
+__all__ = ["AGGREGATORS", "TOKEN_AVERAGES", "NORMALISATIONS", "SCORE_DTYPES", "localization_volume",
            "pairwise_localization_scores", "paired_localization_scores",
-           "normalise_localization_inputs"]
+           "packed_max_image_scores", "normalise_localization_inputs"]
 
 AGGREGATORS = ("max_image", "max_text", "mean_all", "max_rows_code")
 TOKEN_AVERAGES = ("real", "all")
 NORMALISATIONS = ("vector", "map", "none")
+# Matmul input dtypes of `packed_max_image_scores`: "bfloat16" is an opt-in for
+# speed (oneDNN's bf16 matmul, several times float32 on CPUs with AMX/AVX-512
+# BF16); its products come out rounded to bf16 (8 significant bits).
+SCORE_DTYPES = ("float32", "bfloat16")
 
 # Norms below this are treated as zero vectors (a ReLU map location that is
 # all zeros, a zeroed padded token): they stay zero instead of becoming NaN.
@@ -165,6 +169,66 @@ def paired_localization_scores(image_maps, token_vectors, token_mask, *,
     volume = tf.einsum("bpd,btd->bpt",
                        tf.reshape(image_maps, [map_shape[0], -1, map_shape[3]]), token_vectors)
     return _aggregate(volume, token_mask[:, None, :], height, aggregator, token_average)
+
+
+def packed_max_image_scores(image_maps, packed_tokens, slot_index, token_counts, *,
+                            score_dtype: str = "float32") -> tf.Tensor:
+    """S_MaxImage of every image with every caption whose tokens are packed: (Bi, C) float32.
+
+    Only the tokens that count are multiplied: the real tokens of C captions
+    are concatenated into ``packed_tokens`` (P, d) (unused slots may hold
+    anything finite, e.g. zeros), so one matmul (Bi·H·W, d) × (P, d)ᵀ costs
+    H·W·d multiply-adds per counted token per image — no padded position is
+    scored. Then the spatial max of each token's map, and each caption's
+    tokens averaged: ``slot_index`` (C, L) int32 lists caption c's slots in
+    its token order, filled up with P (an extra slot holding 0), and
+    ``token_counts`` (C,) their number; a caption with no token scores 0.
+    Summing the caption's own L entries (its tokens first, then zeros) keeps
+    the order of `pairwise_localization_scores`' token mean, and a caption's
+    score does not depend on where its tokens sit in the packing (the max
+    is exact and the matmul's reduction runs over d only).
+
+    score_dtype "bfloat16" casts the inputs to bfloat16 for the matmul; the
+    volume then comes out rounded to bfloat16 (TensorFlow's CPU matmul has
+    no bf16 → float32 kernel), the max is taken on those values and the mean
+    in float32: scores change by bf16 rounding (relative ~2⁻⁹ per token max)
+    and near-equal scores can tie.
+    """
+    if score_dtype not in SCORE_DTYPES:
+        raise ConfigError(f"score_dtype must be one of {SCORE_DTYPES}, got {score_dtype!r}")
+    dtype = tf.as_dtype(score_dtype)
+    image_maps = tf.convert_to_tensor(image_maps)
+    map_shape = tf.shape(image_maps)
+    # The matmul outside XLA: TensorFlow's oneDNN kernel (AMX/AVX-512 for bf16), which
+    # XLA's CPU dot is not.
+    volume = tf.matmul(tf.cast(tf.reshape(image_maps, [-1, map_shape[3]]), dtype),
+                       tf.cast(packed_tokens, dtype), transpose_b=True)      # (Bi·H·W, P)
+    volume = tf.reshape(volume, [map_shape[0], map_shape[1] * map_shape[2], -1])
+    return _packed_token_means(volume, slot_index, token_counts)
+
+
+def _order_keys(bfloat16_values):
+    """int16 keys that order like the bfloat16 values (sign-magnitude to two's complement); the
+    map is its own inverse. XLA reduces int16 vectorised, bfloat16 not."""
+    bits = tf.bitcast(bfloat16_values, tf.int16)
+    magnitude = tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 15),
+                                       tf.constant(0x7FFF, tf.int16))
+    return tf.bitwise.bitwise_xor(bits, magnitude)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _packed_token_means(volume, slot_index, token_counts):
+    """(Bi, C) caption means of the spatial maxima of a (Bi, H·W, P) volume, one fused pass
+    (the volume is far larger than the cache: read once)."""
+    if volume.dtype == tf.bfloat16:
+        best = tf.bitcast(_order_keys(tf.reduce_max(_order_keys(volume), axis=1)), tf.bfloat16)
+    else:
+        best = tf.reduce_max(volume, axis=1)
+    best = tf.cast(best, tf.float32)                                            # (Bi, P)
+    best = tf.concat([best, tf.zeros([tf.shape(best)[0], 1], tf.float32)], axis=1)  # slot P: 0
+    per_caption = tf.gather(best, slot_index, axis=1)                           # (Bi, C, L)
+    return tf.math.divide_no_nan(tf.reduce_sum(per_caption, axis=-1),
+                                 tf.cast(token_counts, tf.float32)[None, :])
 
 
 def _inverse_norm(squared_norm):
