@@ -161,16 +161,30 @@ def conversion_cache_dir(source: str | os.PathLike) -> pathlib.Path:
     return pathlib.Path.home() / ".cache" / "tf_twobranch" / "row_major"
 
 
-def _converted_path(path: str, key: str, transpose: bool, dtype: np.dtype, cache_dir) -> pathlib.Path:
-    # Keyed by the source's identity and state: a replaced or edited source
-    # file gets a new conversion (the stale one is left in place).
-    stat = os.stat(path)
-    identity = "\0".join(map(str, (os.path.abspath(path), stat.st_size, stat.st_mtime_ns, key,
-                                   transpose, dtype.name)))
+def conversion_path(source: str | os.PathLike, what: str, dtype: np.dtype, cache_dir=None) -> pathlib.Path:
+    """The ``.npy`` that holds `source` converted (`what`: which array and how) to `dtype`.
+
+    Keyed by the source's absolute path, size and modification time: a
+    replaced or edited source gets a new conversion (a stale one stays in
+    place, unused).  Folder: `cache_dir`, default `conversion_cache_dir`.
+    """
+    source = os.fspath(source)
+    stat = os.stat(source)
+    identity = "\0".join(map(str, (os.path.abspath(source), stat.st_size, stat.st_mtime_ns, what,
+                                   np.dtype(dtype).name)))
     digest = hashlib.sha1(identity.encode()).hexdigest()[:12]
-    safe_key = "".join(c if c.isalnum() or c in "_-." else "_" for c in key)
-    folder = pathlib.Path(cache_dir) if cache_dir is not None else conversion_cache_dir(path)
-    return folder / f"{pathlib.Path(path).name}.{safe_key}.{digest}.npy"
+    safe = "".join(c if c.isalnum() or c in "_-." else "_" for c in what)
+    folder = pathlib.Path(cache_dir) if cache_dir is not None else conversion_cache_dir(source)
+    return folder / f"{pathlib.Path(source).name}.{safe}.{digest}.npy"
+
+
+def returned_dtype(stored_dtype, dtype: str | None = None) -> np.dtype:
+    """The dtype a feature reader returns: `dtype` (a ``--feature_dtype`` value) when given,
+    else the stored one when it is float32 or float16 (used as it is), else float32."""
+    if dtype is not None:
+        return storage_dtype(dtype)
+    stored_dtype = np.dtype(stored_dtype)
+    return stored_dtype if stored_dtype in _KEPT_DTYPES else np.dtype(np.float32)
 
 
 def _check_finite(path: str, key: str, matrix) -> None:
@@ -207,7 +221,7 @@ def _convert(path: str, key: str, stored, transpose: bool, want: np.dtype, cache
     """`stored` as a row-major `want` ``.npy`` in the conversion cache, written block by block and
     checked for NaN/inf before it is renamed into place; returns its memory map."""
     rows, dim = stored.shape[::-1] if transpose else stored.shape
-    target = _converted_path(path, key, transpose, want, cache_dir)
+    target = conversion_path(path, f"{key}.T" if transpose else key, want, cache_dir)
     if target.exists():
         cached = open_rows(target)
         if cached.shape == (rows, dim) and cached.dtype == want:
@@ -242,10 +256,7 @@ def _finish(path: str, key: str, stored, is_hdf5: bool, layout: str, expected_ro
     if expected_rows is not None and shape[0] != expected_rows:
         raise DataFormatError(path, f"expected {expected_rows} rows, found shape {shape} "
                               f"(stored {tuple(stored.shape)}, layout {layout!r})", record=key)
-    if dtype is not None:
-        want = storage_dtype(dtype)
-    else:
-        want = stored_dtype if stored_dtype in _KEPT_DTYPES else np.dtype(np.float32)
+    want = returned_dtype(stored_dtype, dtype)
     if isinstance(stored, np.memmap) or is_hdf5:
         if (isinstance(stored, np.memmap) and not transpose and stored_dtype == want
                 and stored.flags.c_contiguous):
