@@ -341,7 +341,13 @@ def test_load_data_takes_images_from_ims_and_encodes_the_captions(tmp_path):
     np.testing.assert_allclose(image["test"], feats["test"].mean(axis=1), atol=1e-6)
     assert text["train"].shape[0] == 100 and text["test"].shape[0] == 50
     assert text["train"].dtype == np.float32 and np.isfinite(text["test"]).all()
-    assert not (tmp_path / "data" / "features").exists()
+    # Text features, the fitted encoder and the region means are cached in
+    # --features_cache (default <dataset_dir>/features), all memory-mapped.
+    cache = tmp_path / "data" / "features"
+    assert list(cache.glob("text_mean_vector_*/text_features_test.npy"))
+    assert list(cache.glob("text_encoders/mean_vector_*.npz"))
+    assert isinstance(image["train"], np.memmap) and isinstance(text["train"], np.memmap)
+    assert extras["feature_files"]["test"]["text"]["file"].startswith(str(cache))
 
 
 def test_load_data_with_given_text_features(tmp_path):
