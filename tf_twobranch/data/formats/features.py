@@ -190,12 +190,12 @@ def returned_dtype(stored_dtype, dtype: str | None = None) -> np.dtype:
 def _check_finite(path: str, key: str, matrix) -> None:
     """DataFormatError naming the file, key, the count of NaN/inf values and rows and the first bad row."""
     try:
-        check_finite_rows(matrix, path)
+        check_finite_rows(matrix, path, block_bytes=BLOCK_BYTES)
     except DataFormatError:
         # Only on the error path: a second pass for the full count.
         values = rows = 0
         first = None
-        for start, stop in rows_in_blocks(matrix):
+        for start, stop in rows_in_blocks(matrix, BLOCK_BYTES):
             bad = ~np.isfinite(np.asarray(matrix[start:stop]))
             bad_rows = np.flatnonzero(bad.any(axis=1))
             values += int(bad.sum())
@@ -338,7 +338,7 @@ def save_feature_matrix(path: str | os.PathLike, array: np.ndarray, key: str = "
             else:
                 out = stack.enter_context(h5py.File(path, "w")).create_dataset(
                     key, shape=stored_shape, dtype=array.dtype)
-            for start, stop in rows_in_blocks(array):
+            for start, stop in rows_in_blocks(array, BLOCK_BYTES):
                 block = np.asarray(array[start:stop])
                 if columns:
                     out[:, start:stop] = block.T
