@@ -265,3 +265,13 @@ def test_save_writes_npy_and_hdf5_block_by_block_from_a_memory_map(tmp_path, sma
         save_feature_matrix(tmp_path / name, mapped, "features", layout=layout)
         np.testing.assert_array_equal(load_feature_matrix(tmp_path / name, layout=layout,
                                                           cache_dir=tmp_path / "conv"), features(25, 4))
+
+
+def test_unwritable_conversion_folder_is_a_user_error(tmp_path):
+    from tf_twobranch.errors import UserInputError
+    path = tmp_path / "t.h5"
+    save_feature_matrix(path, features(6, 4), "text_features")
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    with pytest.raises(UserInputError, match=r"t\.h5: cannot write its row-major copy"):
+        load_feature_matrix(path, cache_dir=blocker / "sub")

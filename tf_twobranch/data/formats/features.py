@@ -40,7 +40,7 @@ import numpy as np
 from tf_twobranch.data.formats._common import check_exists
 from tf_twobranch.data.formats.row_arrays import (BLOCK_BYTES, RowWriter, check_finite_rows, open_rows,
                                                   rows_in_blocks, storage_dtype)
-from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
 PREFERRED_KEYS = ("image_features", "text_features", "features")
 _SUFFIXES = (".npy", ".npz", ".h5", ".hdf5", ".mat")
@@ -228,7 +228,12 @@ def _convert(path: str, key: str, stored, transpose: bool, want: np.dtype, cache
             return cached
     step = _block_rows(stored, transpose, dim)
     kind = "HDF5" if isinstance(stored, h5py.Dataset) else "NumPy .npy"
-    with RowWriter(target, (rows, dim), want) as out:
+    try:
+        writer = RowWriter(target, (rows, dim), want)
+    except OSError as e:
+        raise UserInputError(f"{path}: cannot write its row-major copy to {target} ({e}); pass a "
+                             "writable cache_dir (--features_cache)") from None
+    with writer as out:
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             try:
