@@ -27,7 +27,7 @@ from tf_twobranch.data.retrieval_data import load_caption_splits, load_precomp_s
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.export.two_branch import export_saved_model
-from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features, sentence_features
+from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features, prepare_text_features
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.runs import record_feature_split
 from tf_twobranch.sampling import image_sentence as sampling
@@ -70,6 +70,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     common.define_feature_flags(
         fv, text_encoders=["fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm"],
         image_help="CNN for image features.", text_help="Sentence representation.")
+    common.define_feature_storage_flag(fv)
     flags.DEFINE_bool("ten_crop", True, "Average features over the paper's ten crops.", **d)
     flags.DEFINE_enum("protocol", "full", ["full", "flickr30k_1k", "coco_1k", "coco_5k"],
                       "Test protocol.", **d)
@@ -116,6 +117,8 @@ def load_data(f):
     the image features (regions averaged); the text features are computed
     from its captions with --text_encoder, unless --text_features_{train,test}
     are given. --image_features_{train,test} override the precomp images.
+    Features are memory-mapped, stored in --feature_dtype; computed ones
+    (and the fitted text encoder) are cached in --features_cache.
     """
     layout = dataset_layout(f)
     dataset_dir = layout.root
@@ -127,7 +130,11 @@ def load_data(f):
                        backbone_weights=f.backbone_weights or None, ten_crop=f.ten_crop,
                        text_encoder=f.text_encoder, word_vectors=f.word_vectors or None,
                        word_dim=f.word_dim, pca_dim=f.pca_dim,
-                       scene_cnn_epochs=f.scene_cnn_epochs, seed=f.seed)
+                       scene_cnn_epochs=f.scene_cnn_epochs, seed=f.seed,
+                       feature_dtype=f.feature_dtype)
+    cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
+    # Where files that cannot be memory-mapped as they are get their row-major copy.
+    converted = cache / "row_major"
     if precomp:
         for kind, paths in given.items():
             if any(paths) and not all(paths):
@@ -137,7 +144,8 @@ def load_data(f):
             splits = load_caption_splits(layout)
             splits = {s: splits[s] for s in ("train", "test")}
         else:
-            splits, image = load_precomp_splits(layout, ("train", "test"))
+            splits, image = load_precomp_splits(layout, ("train", "test"), dtype=f.feature_dtype,
+                                                cache_dir=converted)
             logging.info("precomp layout: image features from %s/{train,%s}_ims.npy "
                          "(regions averaged); --image_backbone is not used", dataset_dir,
                          layout.precomp_splits["test"])
@@ -149,21 +157,16 @@ def load_data(f):
             raise common.UserInputError("give all four of --image_features_{train,test} and "
                                         "--text_features_{train,test}, or none")
     if all(given["image"]):
-        image = {s: load_feature_matrix(f[f"image_features_{s}"].value,
-                                        expected_rows=splits[s].num_images) for s in splits}
+        image = {s: load_feature_matrix(f[f"image_features_{s}"].value, expected_rows=splits[s].num_images,
+                                        dtype=f.feature_dtype, cache_dir=converted) for s in splits}
     if all(given["text"]):
-        text = {s: load_feature_matrix(f[f"text_features_{s}"].value,
-                                       expected_rows=splits[s].num_captions) for s in splits}
+        text = {s: load_feature_matrix(f[f"text_features_{s}"].value, expected_rows=splits[s].num_captions,
+                                       dtype=f.feature_dtype, cache_dir=converted) for s in splits}
     elif precomp:
         # The precomp layout ships no sentence features: encode its captions
-        # (the encoder is fitted on the training captions only).
-        spec.validate()
-        start = time.time()
-        text, extras = sentence_features(spec, splits)
-        logging.info("text features (%s) of the precomp captions computed in %.1f s",
-                     f.text_encoder, time.time() - start)
+        # (the encoder is fitted on the training captions only), cached.
+        text, extras = prepare_text_features(splits, cache, spec)
     else:
-        cache = pathlib.Path(f.features_cache) if f.features_cache else dataset_dir / "features"
         image, text, extras = prepare_retrieval_features(splits, layout, cache, spec)
     for kind, paths in given.items():
         if all(paths):  # the user's own files, read unchanged: a run points at them

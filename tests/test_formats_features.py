@@ -1,3 +1,6 @@
+import os
+import pathlib
+
 import h5py
 import numpy as np
 import pytest
@@ -171,3 +174,104 @@ def test_save_rejects_bad_input(tmp_path):
         save_feature_matrix(tmp_path / "x.npy", np.zeros(3))
     with pytest.raises(ConfigError):
         save_feature_matrix(tmp_path / "x.npy", features(), layout="auto")
+
+
+# ------------------------------------------------- memory maps and row-major conversion
+
+def test_row_major_float_npy_is_memory_mapped_not_copied(tmp_path):
+    path = tmp_path / "f.npy"
+    np.save(path, features(6, 4))
+    loaded = load_feature_matrix(path)
+    assert isinstance(loaded, np.memmap) and not loaded.flags.writeable
+    assert pathlib.Path(loaded.filename) == path
+    half = tmp_path / "half.npy"
+    np.save(half, features(6, 4).astype(np.float16))
+    kept = load_feature_matrix(half)  # float16 storage used as it is
+    assert isinstance(kept, np.memmap) and kept.dtype == np.float16
+    widened = load_feature_matrix(half, dtype="float32", cache_dir=tmp_path / "conv")
+    assert isinstance(widened, np.memmap) and widened.dtype == np.float32
+    np.testing.assert_array_equal(widened, features(6, 4).astype(np.float16).astype(np.float32))
+    with pytest.raises(ConfigError, match="feature_dtype"):
+        load_feature_matrix(path, dtype="float64")
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Conversion blocks of a few rows, so that several blocks are written."""
+    import tf_twobranch.data.formats.features as module
+    monkeypatch.setattr(module, "BLOCK_BYTES", 64)
+
+
+def test_column_major_hdf5_is_converted_block_by_block_into_a_memory_mapped_cache(tmp_path, small_blocks):
+    texts = features(50, 7, seed=3)
+    path = tmp_path / "text_features.h5"
+    with h5py.File(path, "w") as handle:  # MATLAB's (D, N), chunked as MATLAB writes it
+        handle.create_dataset("text_features", data=texts.T.astype(np.float64), chunks=(7, 3))
+    cache = tmp_path / "conv"
+    loaded = load_feature_matrix(path, expected_rows=50, cache_dir=cache)
+    assert isinstance(loaded, np.memmap) and loaded.flags.c_contiguous and loaded.dtype == np.float32
+    np.testing.assert_array_equal(loaded, texts)
+    converted = pathlib.Path(loaded.filename)
+    assert converted.parent == cache and converted.suffix == ".npy"
+    written = converted.stat().st_mtime_ns
+    again = load_feature_matrix(path, expected_rows=50, cache_dir=cache)  # reused, not rewritten
+    assert pathlib.Path(again.filename) == converted and converted.stat().st_mtime_ns == written
+    half = load_feature_matrix(path, expected_rows=50, cache_dir=cache, dtype="float16")
+    assert half.dtype == np.float16 and pathlib.Path(half.filename) != converted
+    # A changed source gets a new conversion.
+    with h5py.File(path, "w") as handle:
+        handle.create_dataset("text_features", data=(2 * texts).T)
+    os.utime(path, ns=(written + 10**9, written + 10**9))
+    np.testing.assert_array_equal(load_feature_matrix(path, expected_rows=50, cache_dir=cache), 2 * texts)
+    # Default folder: beside the source.
+    default = load_feature_matrix(path, expected_rows=50)
+    assert pathlib.Path(default.filename).parent == tmp_path / ".row_major"
+
+
+def test_conversion_errors_name_the_file_and_first_bad_row_and_leave_no_cache(tmp_path, small_blocks):
+    texts = features(40, 5)
+    texts[23, 1] = np.nan
+    texts[31, 0] = np.inf
+    path = tmp_path / "t.h5"
+    save_feature_matrix(path, texts, "text_features", layout="columns")
+    cache = tmp_path / "conv"
+    with pytest.raises(DataFormatError, match=r"t\.h5.*'text_features'.*2 NaN/inf values in 2 rows; "
+                                              r"first bad row is 23"):
+        load_feature_matrix(path, expected_rows=40, cache_dir=cache)
+    assert not list(cache.glob("*"))
+
+
+def test_fortran_order_and_other_dtype_npy_are_converted(tmp_path, small_blocks):
+    array = features(30, 6)
+    fortran = tmp_path / "fortran.npy"
+    np.save(fortran, np.asfortranarray(array))
+    loaded = load_feature_matrix(fortran, cache_dir=tmp_path / "conv")
+    assert isinstance(loaded, np.memmap) and loaded.flags.c_contiguous
+    np.testing.assert_array_equal(loaded, array)
+    doubles = tmp_path / "doubles.npy"
+    np.save(doubles, array.astype(np.float64))
+    np.testing.assert_array_equal(load_feature_matrix(doubles, cache_dir=tmp_path / "conv"), array)
+    columns = tmp_path / "columns.npy"
+    np.save(columns, array.T.copy())
+    np.testing.assert_array_equal(load_feature_matrix(columns, layout="columns",
+                                                      cache_dir=tmp_path / "conv"), array)
+
+
+def test_save_writes_npy_and_hdf5_block_by_block_from_a_memory_map(tmp_path, small_blocks):
+    source = tmp_path / "src.npy"
+    np.save(source, features(25, 4))
+    mapped = load_feature_matrix(source)
+    for name, layout in (("out.npy", "rows"), ("out.h5", "columns"), ("out.hdf5", "rows")):
+        save_feature_matrix(tmp_path / name, mapped, "features", layout=layout)
+        np.testing.assert_array_equal(load_feature_matrix(tmp_path / name, layout=layout,
+                                                          cache_dir=tmp_path / "conv"), features(25, 4))
+
+
+def test_unwritable_conversion_folder_is_a_user_error(tmp_path):
+    from tf_twobranch.errors import UserInputError
+    path = tmp_path / "t.h5"
+    save_feature_matrix(path, features(6, 4), "text_features")
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    with pytest.raises(UserInputError, match=r"t\.h5: cannot write its row-major copy"):
+        load_feature_matrix(path, cache_dir=blocker / "sub")

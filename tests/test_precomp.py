@@ -1,6 +1,7 @@
 """The vsepp/SCAN precomp layout: reader, dataset-folder recognition, the
 image-sentence experiment and the COCO 1K/5K protocols on it."""
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -68,6 +69,29 @@ def test_region_features_are_averaged_or_kept(tmp_path):
     _, regions = read_precomp_split(tmp_path, "train", keep_regions=True)
     assert regions.shape == (20, 36, 8)
     np.testing.assert_array_equal(regions, feats["train"])
+
+
+def test_rows_used_as_stored_are_the_memory_map_of_the_file(tmp_path):
+    make_precomp(tmp_path)
+    _, image = read_precomp_split(tmp_path, "test")
+    assert isinstance(image, np.memmap) and pathlib.Path(image.filename) == tmp_path / "test_ims.npy"
+    make_precomp(tmp_path / "regions", regions=36)
+    _, regions = read_precomp_split(tmp_path / "regions", "test", keep_regions=True)
+    assert isinstance(regions, np.memmap) and pathlib.Path(regions.filename).name == "test_ims.npy"
+
+
+def test_averaged_regions_are_written_once_into_a_memory_mapped_cache(tmp_path):
+    feats = make_precomp(tmp_path / "data", regions=36)
+    cache = tmp_path / "cache"
+    _, image = read_precomp_split(tmp_path / "data", "train", cache_dir=cache)
+    assert isinstance(image, np.memmap) and pathlib.Path(image.filename).parent == cache
+    np.testing.assert_array_equal(image, feats["train"].mean(axis=1))  # same float32 means as before
+    written = pathlib.Path(image.filename).stat().st_mtime_ns
+    _, again = read_precomp_split(tmp_path / "data", "train", cache_dir=cache)
+    assert again.filename == image.filename and pathlib.Path(again.filename).stat().st_mtime_ns == written
+    _, half = read_precomp_split(tmp_path / "data", "train", cache_dir=cache, dtype="float16")
+    assert half.dtype == np.float16 and half.filename != image.filename
+    np.testing.assert_array_equal(half, feats["train"].mean(axis=1).astype(np.float16))
 
 
 def test_keep_regions_on_global_features_gives_one_region(tmp_path):
@@ -341,7 +365,13 @@ def test_load_data_takes_images_from_ims_and_encodes_the_captions(tmp_path):
     np.testing.assert_allclose(image["test"], feats["test"].mean(axis=1), atol=1e-6)
     assert text["train"].shape[0] == 100 and text["test"].shape[0] == 50
     assert text["train"].dtype == np.float32 and np.isfinite(text["test"]).all()
-    assert not (tmp_path / "data" / "features").exists()
+    # Text features, the fitted encoder and the region means are cached in
+    # --features_cache (default <dataset_dir>/features), all memory-mapped.
+    cache = tmp_path / "data" / "features"
+    assert list(cache.glob("text_mean_vector_*/text_features_test.npy"))
+    assert list(cache.glob("text_encoders/mean_vector_*.npz"))
+    assert isinstance(image["train"], np.memmap) and isinstance(text["train"], np.memmap)
+    assert extras["feature_files"]["test"]["text"]["file"].startswith(str(cache))
 
 
 def test_load_data_with_given_text_features(tmp_path):

@@ -32,14 +32,15 @@ def as_layout(dataset: DatasetLayout | str | os.PathLike) -> DatasetLayout:
 
 
 def load_precomp_splits(dataset: DatasetLayout | str | os.PathLike, splits=("train", "test"), *,
-                        keep_regions: bool = False
+                        keep_regions: bool = False, dtype: str | None = None, cache_dir=None
                         ) -> tuple[dict[str, CaptionCorpus], dict[str, np.ndarray]]:
     """Captions and image features of a precomp folder, by package split name.
 
     `dataset`: a `DatasetLayout`, or a folder to resolve. The test split is
     ``testall`` when present (see `tf_twobranch.data.layout`). Image features
     are (N, D), regions averaged, unless `keep_regions` (see
-    `tf_twobranch.data.formats.read_precomp_split`).
+    `tf_twobranch.data.formats.read_precomp_split`, which also says what
+    `dtype` and `cache_dir` do: features are memory-mapped).
     """
     layout = as_layout(dataset)
     if layout.caption_format != "precomp" or not layout.has("captions"):
@@ -51,7 +52,8 @@ def load_precomp_splits(dataset: DatasetLayout | str | os.PathLike, splits=("tra
             raise DataFormatError(layout.root / "dev_caps.txt",
                                   f"the precomp folder has no {split!r} split")
         corpora[split], images[split] = read_precomp_split(layout.root, layout.precomp_splits[split],
-                                                           keep_regions=keep_regions)
+                                                           keep_regions=keep_regions, dtype=dtype,
+                                                           cache_dir=cache_dir)
     return corpora, images
 
 

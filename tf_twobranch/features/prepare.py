@@ -12,11 +12,20 @@ images folder, the Flickr30K Entities folder), compute (or load from cache):
   file or trained on the training captions when none is given;
 * or, for the LSTM branch, token ids over the training vocabulary.
 
-Cached features are written in the original code's layout — image features
-in a ``.mat`` file under ``image_features`` (N, D), text features in an
-HDF5 file under ``text_features`` stored column-major (D, N) — and read back
-with the package's readers, so a user can drop in their own files with the
-same names.
+Cached features are row-major ``.npy`` files (``image_features_{split}.npy``,
+``text_features_{split}.npy``) in the storage dtype ``FeatureSpec.feature_dtype``
+(``--feature_dtype``: float32, or float16 for half the disk and memory),
+written block by block and returned memory-mapped, so no split's features
+are ever held whole in memory (COCO's 566K 6000-d sentence features are
+13.6 GB in float32).  The original code's files (``.mat`` image features,
+column-major HDF5 text features) are read by `load_feature_matrix` when a
+user gives them (``--image_features_*`` / ``--text_features_*``).
+
+The fitted text encoder is cached too, by a fingerprint of what its fit
+depends on (training captions, word-vector file, settings:
+`fitted_text_encoder`), so features of other captions or splits, and the
+precomp layout's features, never refit Fisher vectors and PCA for the same
+training captions.
 """
 from __future__ import annotations
 
@@ -30,7 +39,9 @@ import numpy as np
 from absl import logging
 
 from tf_twobranch.data.corpus import CaptionCorpus
-from tf_twobranch.data.formats import load_feature_matrix, save_feature_matrix
+from tf_twobranch.data.formats import load_feature_matrix
+from tf_twobranch.data.formats.row_arrays import (BLOCK_BYTES, RowWriter, check_finite_rows, open_rows,
+                                                  storage_dtype, write_rows)
 from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.tokenize import build_vocabulary, tokenize_caption
@@ -39,7 +50,8 @@ from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.features.image_features import extract_image_features
 from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.scene_cnn import entity_region_crops, load_scene_cnn, save_scene_cnn, train_scene_cnn
-from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
+from tf_twobranch.features.text_features import (TextEncoder, build_text_encoder, cached_text_encoder,
+                                                  encoder_needs_word_vectors, text_encoder_fingerprint)
 from tf_twobranch.features.word_vectors import train_word_vectors
 
 SCENE_CNN_RECIPE = "2: region-supervised, binary targets"
@@ -60,6 +72,7 @@ class FeatureSpec:
     pca_dim: int = 6000
     max_len: int = 32
     seed: int = 0
+    feature_dtype: str = "float32"
 
     def validate(self):
         if self.image_backbone not in IMAGE_BACKBONES:
@@ -71,6 +84,7 @@ class FeatureSpec:
         for name in ("word_dim", "fisher_components", "pca_dim", "max_len", "scene_cnn_epochs"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        storage_dtype(self.feature_dtype)
         for name in ("backbone_weights", "word_vectors"):
             path = getattr(self, name)
             if path and not pathlib.Path(path).exists():
@@ -81,11 +95,21 @@ class FeatureSpec:
         # changes (e.g. region supervision from the Entities boxes).
         return {**{k: getattr(self, k) for k in ("image_backbone", "backbone_weights", "ten_crop",
                                                  "scene_cnn_epochs", "seed")},
-                "recipe": SCENE_CNN_RECIPE if self.image_backbone == "scene_cnn" else None}
+                "recipe": SCENE_CNN_RECIPE if self.image_backbone == "scene_cnn" else None,
+                **self._storage_key()}
 
     def text_key(self) -> dict:
-        return {k: getattr(self, k) for k in ("text_encoder", "word_vectors", "word_dim",
-                                              "fisher_components", "pca_dim", "max_len", "seed")}
+        return {**{k: getattr(self, k) for k in ("text_encoder", "word_vectors", "word_dim",
+                                                 "fisher_components", "pca_dim", "max_len", "seed")},
+                **self._storage_key()}
+
+    def text_encoder_settings(self) -> dict:
+        """What a fitted text encoder depends on besides its training captions and word-vector file."""
+        return {k: getattr(self, k) for k in ("word_dim", "fisher_components", "pca_dim", "seed")}
+
+    def _storage_key(self) -> dict:
+        # Only a non-default dtype enters the keys: float32 caches keep their names.
+        return {} if self.feature_dtype == "float32" else {"dtype": self.feature_dtype}
 
 
 def cache_digest(d: dict) -> str:
@@ -156,12 +180,7 @@ def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
             for s, p in paths.items()}
 
 
-def sentence_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus]):
-    """Text inputs of every split (`spec.text_encoder`, fitted on the training captions), and extras.
-
-    Not cached: `prepare_retrieval_features` caches them; the precomp layout
-    calls this directly (it ships image features only).
-    """
+def _tokenized(splits: dict[str, CaptionCorpus]) -> dict[str, list[list[str]]]:
     tokens = {s: [tokenize_caption(c) for c in corpus.captions] for s, corpus in splits.items()}
     empty = [(s, i) for s, toks in tokens.items() for i, t in enumerate(toks) if not t]
     if empty:
@@ -170,45 +189,137 @@ def sentence_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus]):
         raise DataFormatError(corpus.source or s,
                               f"caption {i} of image {corpus.image_ids[corpus.caption_image[i]]} "
                               f"has no words ({len(empty)} empty caption(s) in all)")
-    if spec.text_encoder == "lstm":
-        vocab = build_vocabulary(tokens["train"])
-        index = {w: i for i, w in enumerate(vocab)}
-        out = {}
-        for s, toks in tokens.items():
-            ids = np.zeros((len(toks), spec.max_len), np.int32)
-            for r, t in enumerate(toks):
-                row = [index.get(w, 1) for w in t[:spec.max_len]]
-                ids[r, :len(row)] = row
-            out[s] = ids
-        return out, {"vocabulary": vocab}
+    return tokens
+
+
+def fit_text_encoder(spec: FeatureSpec, train_tokens: list[list[str]]) -> TextEncoder:
+    """`spec.text_encoder` fitted on the training captions' tokens (word vectors read from
+    `spec.word_vectors`, else trained on those captions)."""
     kwargs = {}
     if encoder_needs_word_vectors(spec.text_encoder):
         if spec.word_vectors:
-            vocab = {w for t in tokens["train"] for w in t}
+            vocab = {w for t in train_tokens for w in t}
             wv = load_word_vectors(spec.word_vectors, vocabulary=vocab)
         else:
-            num_words = len({w for t in tokens["train"] for w in t})
+            num_words = len({w for t in train_tokens for w in t})
             dim = min(spec.word_dim, max(2, num_words - 1))
             logging.info("No --word_vectors file given: training %d-d PPMI-SVD word vectors on "
                          "the %d training captions (a word2vec/GloVe file gives the paper's setup)",
-                         dim, len(tokens["train"]))
-            wv = train_word_vectors(tokens["train"], dim=dim, seed=spec.seed)
+                         dim, len(train_tokens))
+            wv = train_word_vectors(train_tokens, dim=dim, seed=spec.seed)
         kwargs["word_vectors"] = wv
     if spec.text_encoder.startswith("fisher"):
         kwargs.update(num_components=spec.fisher_components, seed=spec.seed)
         fv_dim = 2 * spec.fisher_components * kwargs["word_vectors"].dim
         kwargs["pca_dim"] = spec.pca_dim if fv_dim > spec.pca_dim else None
     encoder = build_text_encoder(spec.text_encoder, **kwargs)
-    encoder.fit(tokens["train"])
-    return {s: encoder.transform(t).astype(np.float32) for s, t in tokens.items()}, {}
+    return encoder.fit(train_tokens)
+
+
+def fitted_text_encoder(spec: FeatureSpec, train_tokens: list[list[str]], cache_dir) -> TextEncoder:
+    """`fit_text_encoder`, fitted once per fingerprint of its inputs (the training captions'
+    tokens, the word-vector file's path/size/mtime, `spec.text_encoder_settings()`) and kept in
+    ``cache_dir/text_encoders/``; a later call with the same inputs loads it (and logs so)."""
+    fingerprint = text_encoder_fingerprint(spec.text_encoder, train_tokens, spec.text_encoder_settings(),
+                                           word_vectors_file=spec.word_vectors)
+    return cached_text_encoder(pathlib.Path(cache_dir) / "text_encoders", spec.text_encoder, fingerprint,
+                               lambda: fit_text_encoder(spec, train_tokens))
+
+
+def write_sentence_features(encoder: TextEncoder, token_lists: list[list[str]], path, dtype) -> None:
+    """Encodes `token_lists` block by block into a row-major ``.npy`` of `dtype` (NaN/inf checked).
+
+    Blocks are about BLOCK_BYTES of output and, for encoders that encode in
+    batches (Fisher vectors), whole batches, so every sentence is encoded in
+    the same batch as by one `transform` call: the same numbers.
+    """
+    dim = encoder.output_dim
+    rows = max(1, BLOCK_BYTES // (dim * 4))
+    batch = getattr(encoder, "batch_size", None)
+    if batch:
+        rows = max(batch, rows // batch * batch)
+    with RowWriter(path, (len(token_lists), dim), dtype) as out:
+        for start in range(0, len(token_lists), rows):
+            out[start:start + rows] = encoder.transform(token_lists[start:start + rows])
+        check_finite_rows(out.array, path, what="sentence feature rows")
+
+
+def _splits_key(splits: dict[str, CaptionCorpus]) -> dict:
+    return {s: (c.num_images, c.num_captions, c.image_ids[0], c.image_ids[-1]) for s, c in splits.items()}
+
+
+def _captions_digest(splits: dict[str, CaptionCorpus]) -> str:
+    digest = hashlib.sha1()
+    for s in sorted(splits):
+        digest.update(f"\x1d{s}\x1d".encode())
+        for caption in splits[s].captions:
+            digest.update(caption.encode())
+            digest.update(b"\x1e")
+    return digest.hexdigest()[:16]
+
+
+def prepare_text_features(splits: dict[str, CaptionCorpus], cache_dir, spec: FeatureSpec
+                          ) -> tuple[dict, dict]:
+    """Text inputs of every split (`spec.text_encoder`, fitted on the training captions), cached.
+
+    Kept in ``cache_dir/text_{encoder}_{digest}/`` (digest of the settings,
+    the splits and their captions): ``text_features_{split}.npy`` (row-major,
+    ``spec.feature_dtype``), or ``token_ids_{split}.npy`` for the LSTM, and
+    ``extras.json``.  The fitted encoder is cached by `fitted_text_encoder`.
+
+    Returns (text inputs by split, read-only memory maps; extras: e.g. the
+    LSTM vocabulary, and ``feature_files``: {split: {"text": {"file", "key"[, "reader"]}}}).
+    """
+    spec.validate()
+    cache_dir = pathlib.Path(cache_dir)
+    key = {**spec.text_key(), "s": _splits_key(splits), "captions": _captions_digest(splits)}
+    text_dir = cache_dir / f"text_{spec.text_encoder}_{cache_digest(key)}"
+    lstm = spec.text_encoder == "lstm"
+    files = {s: text_dir / (f"token_ids_{s}.npy" if lstm else f"text_features_{s}.npy") for s in splits}
+    if not all(f.exists() for f in files.values()) or not (text_dir / "extras.json").exists():
+        start = time.time()
+        tokens = _tokenized(splits)
+        text_dir.mkdir(parents=True, exist_ok=True)
+        if lstm:
+            vocab = build_vocabulary(tokens["train"])
+            index = {w: i for i, w in enumerate(vocab)}
+            for s, toks in tokens.items():
+                ids = np.zeros((len(toks), spec.max_len), np.int32)
+                for r, t in enumerate(toks):
+                    row = [index.get(w, 1) for w in t[:spec.max_len]]
+                    ids[r, :len(row)] = row
+                write_rows(files[s], ids)
+            extra = {"vocabulary": vocab}
+        else:
+            encoder = fitted_text_encoder(spec, tokens["train"], cache_dir)
+            for s, toks in tokens.items():
+                write_sentence_features(encoder, toks, files[s], storage_dtype(spec.feature_dtype))
+            extra = {}
+        (text_dir / "extras.json").write_text(json.dumps(extra), encoding="utf-8")
+        logging.info("text features (%s) computed in %.1f s", spec.text_encoder, time.time() - start)
+    extras = json.loads((text_dir / "extras.json").read_text(encoding="utf-8"))
+    # Where each split's inputs live, so a run can point at its evaluation
+    # split instead of copying it (tf_twobranch.runs).
+    extras["feature_files"] = {
+        s: {"text": {"file": str(files[s].absolute()), "key": None, **({"reader": "npy"} if lstm else {})}}
+        for s in splits}
+    text = {}
+    for s, corpus in splits.items():
+        if lstm:
+            text[s] = open_rows(files[s])
+        else:  # checked for NaN/inf when written
+            text[s] = load_feature_matrix(files[s], expected_rows=corpus.num_captions,
+                                          check_finite=False)
+    return text, extras
 
 
 def prepare_retrieval_features(splits: dict[str, CaptionCorpus], layout: DatasetLayout, cache_dir,
                                spec: FeatureSpec) -> tuple[dict, dict, dict]:
-    """Image and text inputs for every split, cached under `cache_dir`.
+    """Image and text inputs for every split, cached under `cache_dir` (memory-mapped).
 
     Image files are found with `layout.image_path`; the scene CNN gets region
     supervision from the layout's Flickr30K Entities folder when it has one.
+    Text inputs: `prepare_text_features`.
 
     Returns (image_features by split, text inputs by split, extras) where
     extras holds e.g. the LSTM vocabulary and ``feature_files``: {split: {"image"|"text":
@@ -216,50 +327,18 @@ def prepare_retrieval_features(splits: dict[str, CaptionCorpus], layout: Dataset
     """
     spec.validate()
     cache_dir = pathlib.Path(cache_dir)
-    splits_key = {s: (c.num_images, c.num_captions, c.image_ids[0], c.image_ids[-1])
-                  for s, c in splits.items()}
-    image_dir = cache_dir / f"image_{spec.image_backbone}_{cache_digest({**spec.image_key(), 's': splits_key})}"
-    text_dir = cache_dir / f"text_{spec.text_encoder}_{cache_digest({**spec.text_key(), 's': splits_key})}"
-    image_feats, text_feats, extras = {}, {}, {}
-    if not all((image_dir / f"image_features_{s}.mat").exists() for s in splits):
+    image_dir = cache_dir / f"image_{spec.image_backbone}_{cache_digest({**spec.image_key(), 's': _splits_key(splits)})}"
+    image_files = {s: image_dir / f"image_features_{s}.npy" for s in splits}
+    if not all(f.exists() for f in image_files.values()):
         start = time.time()
         feats = _image_features(spec, splits, layout)
-        image_dir.mkdir(parents=True, exist_ok=True)
         for s, f in feats.items():
-            save_feature_matrix(image_dir / f"image_features_{s}.mat", f, key="image_features")
+            write_rows(image_files[s], f, storage_dtype(spec.feature_dtype))
         logging.info("image features (%s) computed in %.1f s", spec.image_backbone,
                      time.time() - start)
-    if not all((text_dir / f"text_features_{s}.h5").exists() for s in splits):
-        start = time.time()
-        feats, extra = sentence_features(spec, splits)
-        text_dir.mkdir(parents=True, exist_ok=True)
-        (text_dir / "extras.json").write_text(json.dumps(extra), encoding="utf-8")
-        for s, f in feats.items():
-            if spec.text_encoder == "lstm":
-                np.save(text_dir / f"token_ids_{s}.npy", f)
-            # The original stores sentence features column-major in HDF5.
-            save_feature_matrix(text_dir / f"text_features_{s}.h5", f.astype(np.float32),
-                                key="text_features", layout="columns")
-        logging.info("text features (%s) computed in %.1f s", spec.text_encoder,
-                     time.time() - start)
-    extras = json.loads((text_dir / "extras.json").read_text(encoding="utf-8"))
-    # Where each split's inputs live, so a run can point at its evaluation
-    # split instead of copying it (tf_twobranch.runs).
-    extras["feature_files"] = {
-        s: {"image": {"file": str((image_dir / f"image_features_{s}.mat").absolute()),
-                      "key": "image_features"},
-            "text": ({"file": str((text_dir / f"token_ids_{s}.npy").absolute()), "key": None,
-                      "reader": "npy"}
-                     if spec.text_encoder == "lstm" else
-                     {"file": str((text_dir / f"text_features_{s}.h5").absolute()),
-                      "key": "text_features"})}
-        for s in splits}
+    text_feats, extras = prepare_text_features(splits, cache_dir, spec)
+    image_feats = {}
     for s, corpus in splits.items():
-        image_feats[s] = load_feature_matrix(image_dir / f"image_features_{s}.mat",
-                                             "image_features", expected_rows=corpus.num_images)
-        if spec.text_encoder == "lstm":
-            text_feats[s] = np.load(text_dir / f"token_ids_{s}.npy")
-        else:
-            text_feats[s] = load_feature_matrix(text_dir / f"text_features_{s}.h5",
-                                                "text_features", expected_rows=corpus.num_captions)
+        image_feats[s] = load_feature_matrix(image_files[s], expected_rows=corpus.num_images)
+        extras["feature_files"][s]["image"] = {"file": str(image_files[s].absolute()), "key": None}
     return image_feats, text_feats, extras

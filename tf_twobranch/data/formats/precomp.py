@@ -34,8 +34,14 @@ Image ids (the precomp layout has none): ``"{prefix}_{i}"``, where prefix
 is the file prefix actually read (``train``, ``dev``, ``test``,
 ``testall``) and i the 0-based image index, e.g. ``"test_0"``.
 
-The ``.npy`` file is memory-mapped and read in blocks, so averaging the
-regions of a large training set never holds the whole region array in
+Memory: the ``.npy`` file is memory-mapped and read in blocks.  When the
+rows asked for are the file's own (a 2-D file, or a 3-D one with
+``keep_regions``, one row per image, in the wanted dtype) the memory map
+itself is returned; otherwise (regions averaged, one row per caption,
+another dtype) the result is written block by block into a row-major
+``.npy`` in a conversion cache (keyed by the file's path, size and
+modification time; `features.conversion_cache_dir` unless a folder is
+given) and that file is memory-mapped, so no whole array is ever held in
 memory.  Every problem is a DataFormatError naming the file and the line
 (captions) or record (image row).
 """
@@ -49,13 +55,14 @@ from absl import logging
 
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats._common import check_exists, read_text
+from tf_twobranch.data.formats.features import conversion_path, returned_dtype
+from tf_twobranch.data.formats.row_arrays import BLOCK_BYTES, RowWriter, open_rows
 from tf_twobranch.errors import ConfigError, DataFormatError
 
 CAPTIONS_PER_IMAGE = 5
 # Split name -> file prefixes tried in order.
 PRECOMP_SPLITS = {"train": ("train",), "val": ("dev", "val"), "dev": ("dev", "val"),
                   "test": ("test",), "testall": ("testall",)}
-_BLOCK_BYTES = 1 << 26  # image rows are read in blocks of about 64 MiB
 _IDENTITY_CHECK_IMAGES = 100  # groups of repeated rows compared for the im_div=1 warning
 
 
@@ -215,35 +222,38 @@ def _warn_if_groups_differ(stored, step: int, num_images: int, ims_path: str) ->
 
 
 def read_precomp_split(dataset_dir, split: str, *, keep_regions: bool = False,
-                       captions_per_image: int = CAPTIONS_PER_IMAGE
-                       ) -> tuple[CaptionCorpus, np.ndarray]:
+                       captions_per_image: int = CAPTIONS_PER_IMAGE, dtype: str | None = None,
+                       cache_dir=None) -> tuple[CaptionCorpus, np.ndarray]:
     """Reads ``{split}_caps.txt`` and ``{split}_ims.npy`` of a precomp folder.
 
     Args:
       dataset_dir: the folder (e.g. ``data/f30k_precomp``).
       split: ``train``, ``dev``/``val``, ``test`` or ``testall``.
-      keep_regions: False: float32 (num_images, D), the regions of a 3-D
-        file averaged (the package's choice for the global-vector models);
-        True: the regions, float32 (num_images, R, D) ((N, 1, D) for a 2-D
-        file).  A float32 3-D file with one row per image is then returned
-        as a read-only memory map, not loaded into memory.
+      keep_regions: False: (num_images, D), the regions of a 3-D file
+        averaged (the package's choice for the global-vector models); True:
+        the regions, (num_images, R, D) ((N, 1, D) for a 2-D file).
       captions_per_image: 5 (Flickr30K, MSCOCO).
+      dtype: None: float32 (a float16 file used as it is stays float16);
+        "float32" / "float16" (``--feature_dtype``): that dtype.
+      cache_dir: where a converted array goes (module docstring).
     Returns:
       (corpus, image_features): image ids ``"{prefix}_{i}"`` (see the module
-      docstring); feature row i belongs to ``corpus.image_ids[i]``.
+      docstring); feature row i belongs to ``corpus.image_ids[i]``.  The
+      features are a read-only memory map: of the file itself when its rows
+      are used as stored, else of the converted copy.
     Raises:
       DataFormatError naming the file and line/record: a missing file, an
       empty caption line, non-UTF-8 captions, a caption count that is not
       `captions_per_image` per image row (both files and counts named), an
       array that is not 2-D/3-D numeric, a truncated or damaged ``.npy``,
       NaN/inf values (first bad row).
-      ConfigError: unknown split.
+      ConfigError: unknown split or dtype.
     """
     _check_cpi(captions_per_image)
     caps, ims, prefix = precomp_split_paths(dataset_dir, split)
     caps, ims = str(caps), str(ims)
     captions = read_precomp_captions_file(caps)
-    shape, dtype = _npy_header(ims)
+    shape, stored_dtype = _npy_header(ims)
     step = _row_step(caps, ims, len(captions), shape[0], captions_per_image)
     num_images = shape[0] // step
     corpus = _corpus(captions, num_images, captions_per_image, prefix, caps)
@@ -254,36 +264,52 @@ def read_precomp_split(dataset_dir, split: str, *, keep_regions: bool = False,
                               f"{e})") from None
     if step > 1:
         _warn_if_groups_differ(stored, step, num_images, ims)
-    rows = stored[::step] if step > 1 else stored
     regions = stored.ndim == 3
+    want = returned_dtype(stored_dtype, dtype)
+    as_stored = None
+    if step == 1 and stored_dtype == want:
+        if keep_regions:
+            as_stored = stored if regions else stored[:, None, :]
+        elif not regions:
+            as_stored = stored
+    if as_stored is not None:
+        for _ in _checked_blocks(stored, step, num_images, ims, corpus):
+            pass
+        return corpus, as_stored
     dim = shape[-1]
-    if keep_regions:
-        in_place = regions and step == 1 and dtype == np.float32
-        out = rows if in_place else np.empty((num_images, shape[1] if regions else 1, dim),
-                                             np.float32)
-    else:
-        in_place = False
-        out = np.empty((num_images, dim), np.float32)
-    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * 4
-    block = max(1, _BLOCK_BYTES // row_bytes)
-    try:
-        for lo in range(0, num_images, block):
-            hi = min(num_images, lo + block)
-            values = np.asarray(rows[lo:hi], dtype=np.float32)
-            finite = np.isfinite(values).reshape(hi - lo, -1).all(axis=1)
-            if not finite.all():
-                image = lo + int(np.flatnonzero(~finite)[0])
-                raise DataFormatError(ims, f"NaN/inf values in image row {image * step} (image "
-                                      f"{image}, {corpus.image_ids[image]!r}); expected finite "
-                                      "features", record=f"row {image * step}")
-            if in_place:
-                continue
+    out_shape = ((num_images, shape[1] if regions else 1, dim) if keep_regions
+                 else (num_images, dim))
+    target = conversion_path(ims, f"images.step{step}.{'regions' if keep_regions else 'mean'}",
+                             want, cache_dir)
+    if target.exists():
+        cached = open_rows(target)
+        if cached.shape == out_shape and cached.dtype == want:
+            return corpus, cached  # checked when it was written
+    with RowWriter(target, out_shape, want) as out:
+        for lo, hi, values in _checked_blocks(stored, step, num_images, ims, corpus):
             if keep_regions:
                 out[lo:hi] = values if regions else values[:, None, :]
             else:
                 out[lo:hi] = values.mean(axis=1) if regions else values
-    except DataFormatError:
-        raise
-    except Exception as e:  # I/O errors of the memory map
-        raise DataFormatError(ims, f"could not be read ({type(e).__name__}: {e})") from None
-    return corpus, out
+    return corpus, open_rows(target)
+
+
+def _checked_blocks(stored, step: int, num_images: int, ims: str, corpus: CaptionCorpus):
+    """(first image, end image, their rows as float32) in blocks of about BLOCK_BYTES, each
+    checked for NaN/inf (an error names the stored row and the image)."""
+    rows = stored[::step] if step > 1 else stored
+    row_bytes = int(np.prod(stored.shape[1:], dtype=np.int64)) * 4
+    block = max(1, BLOCK_BYTES // row_bytes)
+    for lo in range(0, num_images, block):
+        hi = min(num_images, lo + block)
+        try:
+            values = np.asarray(rows[lo:hi], dtype=np.float32)
+        except Exception as e:  # I/O errors of the memory map
+            raise DataFormatError(ims, f"could not be read ({type(e).__name__}: {e})") from None
+        finite = np.isfinite(values).reshape(hi - lo, -1).all(axis=1)
+        if not finite.all():
+            image = lo + int(np.flatnonzero(~finite)[0])
+            raise DataFormatError(ims, f"NaN/inf values in image row {image * step} (image "
+                                  f"{image}, {corpus.image_ids[image]!r}); expected finite "
+                                  "features", record=f"row {image * step}")
+        yield lo, hi, values
