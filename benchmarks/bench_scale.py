@@ -153,7 +153,7 @@ def npair(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pathlib.
              for split, images, seed in (("train", n, 1), ("test", test, 2))}
     return _python("experiments.npair_localization") + [
         f"--dataset_dir={folder}", f"--backbone_maps=train={paths['train']},test={paths['test']}",
-        "--epochs=1", "--steps_per_epoch=5", "--word_dim=50", "--protocol=folds_100", "--row_kind=retrieval",
+        "--epochs=1", "--steps_per_epoch=5", "--word_dim=50", "--protocol=folds_100",
         f"--feature_dtype={dtype}", *_common(run_dir)]
 
 

@@ -78,6 +78,17 @@ def define_word_vector_flags(fv, *, word_dim_help: str, word_dim: int = 300) -> 
     flags.DEFINE_integer("word_dim", word_dim, word_dim_help, lower_bound=2, **d)
 
 
+def split_paths(flag: str, values) -> dict[str, str]:
+    """``--<flag>=train=path,test=path`` as {split: path} (empty: {})."""
+    out = {}
+    for item in values or ():
+        split, sep, path = item.partition("=")
+        if not sep or split not in ("train", "val", "test") or not path:
+            raise UserInputError(f"--{flag} takes split=path pairs (train=..., test=...), got {item!r}")
+        out[split] = path
+    return out
+
+
 def define_feature_storage_flag(fv) -> None:
     """How feature caches are stored on disk (memory-mapped; see data/formats/row_arrays.py)."""
     flags.DEFINE_enum("feature_dtype", "float32", list(row_arrays.FEATURE_DTYPES),

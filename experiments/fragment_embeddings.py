@@ -166,16 +166,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def _fragment_feature_files(values) -> dict | None:
-    if not values:
-        return None
-    out = {}
-    for item in values:
-        split, sep, path = item.partition("=")
-        if not sep or split not in ("train", "val", "test") or not path:
-            raise common.UserInputError(f"--fragment_features takes split=path pairs (train=..., test=...), "
-                                        f"got {item!r}")
-        out[split] = path
-    return out
+    return common.split_paths("fragment_features", values) or None
 
 
 def load_data(f):

@@ -49,7 +49,7 @@ from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.evaluation import localization_maps, retrieval
 from tf_twobranch.evaluation.localization_retrieval import evaluate_localization_retrieval
 from tf_twobranch.evaluation.pointing_game import pointing_queries
-from tf_twobranch.features.prepare_npair import (NPairInputSpec, backbone_maps, caption_inputs,
+from tf_twobranch.features.prepare_npair import (NPairInputSpec, backbone_maps, caption_inputs, load_backbone_maps,
                                                  phrase_parsed_captions, spatial_backbone, split_images)
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.npair_localization import (NPairLocalizationConfig, build_npair_model,
@@ -106,6 +106,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("backbone_weights", "", "Local ImageNet weights file of the backbone.", **d)
     flags.DEFINE_integer("scene_cnn_epochs", 12, "Epochs of the scene_cnn backbone.", lower_bound=1, **d)
     common.define_feature_storage_flag(fv)
+    flags.DEFINE_list("backbone_maps", [], "Precomputed backbone maps per split, split=path pairs "
+                      "(train=maps.npy,test=...): (images, h, w, C) .npy or sharded row-array folders, one "
+                      "row per image in split order, float32 or float16, memory-mapped (no backbone runs).",
+                      **d)
     flags.DEFINE_bool("train_backbone", False, "Train the CNN end to end (the paper) instead of on its "
                       "cached maps.", **d)
     # Model and loss.
@@ -164,6 +168,18 @@ def load_data(f, *, need_text: bool = True):
     spec.validate()
     cache = features_cache(f, source)
     text = caption_inputs(splits, spec) if need_text else None
+    given = common.split_paths("backbone_maps", f.backbone_maps)
+    if given:
+        missing = sorted(set(splits) - set(given))
+        if missing:
+            raise common.UserInputError(f"--backbone_maps has no {', '.join(missing)} maps (give train=... and "
+                                        f"{f.eval_split}=...)")
+        if f.train_backbone or f.export:
+            raise common.UserInputError("--backbone_maps gives maps without their backbone: --train_backbone and "
+                                        "--export need the backbone (pass --noexport, or drop --backbone_maps)")
+        maps = {name: load_backbone_maps(given[name], expected_images=len(corpus.image_ids))
+                for name, corpus in splits.items()}
+        return source, layout, splits, text, None, maps
     backbone = spatial_backbone(layout, splits["train"], cache, spec)
     maps = backbone_maps(layout, splits, cache, spec, backbone)
     return source, layout, splits, text, backbone, maps

@@ -262,3 +262,34 @@ def test_phrase_parsed_inputs_are_built_per_row_with_the_whole_arrays_bits(tiny_
         np.testing.assert_array_equal(np.asarray(parsed.word_inputs), inputs)
         np.testing.assert_array_equal(parsed.trainable, trainable)
         assert trainable.all() == (max_words == 20)
+
+
+def test_precomputed_backbone_maps_are_memory_mapped_and_checked(tmp_path):
+    from tf_twobranch.errors import DataFormatError
+    from tf_twobranch.features.prepare_npair import load_backbone_maps
+
+    maps = np.random.default_rng(0).random((6, 3, 3, 4)).astype(np.float16)
+    np.save(tmp_path / "m.npy", maps)
+    loaded = load_backbone_maps(tmp_path / "m.npy", expected_images=6)
+    assert isinstance(loaded, np.memmap) and loaded.dtype == np.float16
+    with pytest.raises(DataFormatError, match=r"m\.npy.*6 images of backbone maps, expected 7"):
+        load_backbone_maps(tmp_path / "m.npy", expected_images=7)
+    np.save(tmp_path / "flat.npy", maps.reshape(6, -1))
+    with pytest.raises(DataFormatError, match=r"flat\.npy.*\(images, h, w, channels\)"):
+        load_backbone_maps(tmp_path / "flat.npy")
+    maps = maps.astype(np.float32)
+    maps[4, 1, 1, 2] = np.nan
+    np.save(tmp_path / "nan.npy", maps)
+    with pytest.raises(DataFormatError, match=r"nan\.npy.*the first is row 4"):
+        load_backbone_maps(tmp_path / "nan.npy")
+    np.save(tmp_path / "f64.npy", maps.astype(np.float64))
+    with pytest.raises(DataFormatError, match="float64"):
+        load_backbone_maps(tmp_path / "f64.npy")
+
+
+def test_split_paths_flag_names_the_flag():
+    from experiments import common
+
+    assert common.split_paths("backbone_maps", ["train=a.npy", "test=b"]) == {"train": "a.npy", "test": "b"}
+    with pytest.raises(common.UserInputError, match="--backbone_maps takes split=path"):
+        common.split_paths("backbone_maps", ["a.npy"])

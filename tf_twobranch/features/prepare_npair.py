@@ -40,8 +40,8 @@ from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.text_codes import build_text_vocabulary, initial_word_matrix
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN, tokenize_caption
-from tf_twobranch.data.formats.row_arrays import (FEATURE_DTYPES, SHARD_BYTES, ShardedRowWriter, open_rows,
-                                                 storage_dtype)
+from tf_twobranch.data.formats.row_arrays import (FEATURE_DTYPES, SHARD_BYTES, ShardedRowWriter,
+                                                 check_finite_rows, open_rows, storage_dtype)
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.features.backbones import build_spatial_backbone
 from tf_twobranch.features.images import load_images_at_size
@@ -157,6 +157,28 @@ def split_images(layout: DatasetLayout, corpus: CaptionCorpus, size: int, cache_
     return _build_rows(folder, len(paths), (size, size, 3), np.uint8,
                        lambda start, stop: load_images_at_size(paths[start:stop], size),
                        batch_size=batch_size, shard_bytes=shard_bytes, what=f"images at {size}x{size}")
+
+
+def load_backbone_maps(path, *, expected_images: int | None = None):
+    """Precomputed (N, h, w, C) backbone maps of a split (``.npy`` or a sharded row-array folder),
+    memory-mapped as stored (float32 or float16); one row per image of the split, in split order.
+
+    Raises DataFormatError naming the file for a missing or unreadable file, a shape other
+    than (images, h, w, C), another dtype, a row count other than `expected_images`, or NaN/inf
+    (naming the first bad image row; checked block by block).
+    """
+    maps = open_rows(path)
+    if len(maps.shape) != 4 or maps.shape[1] < 1 or maps.shape[2] < 1:
+        raise DataFormatError(path, f"expected backbone maps of shape (images, h, w, channels), got shape "
+                              f"{tuple(maps.shape)}")
+    if np.dtype(maps.dtype).name not in FEATURE_DTYPES:
+        raise DataFormatError(path, f"backbone maps are read as stored, as one of {FEATURE_DTYPES}; got dtype "
+                              f"{maps.dtype} (convert the file once, e.g. np.save(path, maps.astype(np.float16)))")
+    if expected_images is not None and len(maps) != expected_images:
+        raise DataFormatError(path, f"{len(maps)} images of backbone maps, expected {expected_images} (one per "
+                              "image of the split, in split order)")
+    check_finite_rows(maps, path, what="images' maps")
+    return maps
 
 
 def backbone_maps(layout: DatasetLayout, splits: Mapping[str, CaptionCorpus], cache_dir, spec: NPairInputSpec,
