@@ -36,8 +36,9 @@ def _run(cfg, dataset, tmp_path, *extra):
 def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     # The similarity network learns slowest at this size (60 training images): after
     # 10 epochs it sat at the random bar (rsum 99.0 vs 100.4 with oneDNN's kernels),
-    # after 20 it is above it (105.5).
-    record = _run(cfg, tiny_dataset, tmp_path, *(["--epochs=20"] if cfg == "table2_d_similarity" else []))
+    # after 20 it is above it (105.5) on AVX2 but not on an AMX/AVX-512-FP16 machine's kernels
+    # (96.5, and 98.0 after 30); after 60 epochs: 124.5 there (+4 s).
+    record = _run(cfg, tiny_dataset, tmp_path, *(["--epochs=60"] if cfg == "table2_d_similarity" else []))
     m = record["metrics"]
     for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"):
         assert 0.0 <= m[key] <= 100.0
