@@ -46,15 +46,16 @@ def write_caption_folder(folder: pathlib.Path, num_train: int, num_test: int, *,
     folder.mkdir(parents=True, exist_ok=True)
     names, captions, trees = _flickr8k_images()
     train, test = synthetic_ids(num_train), synthetic_ids(num_test, num_train)
-    with open(folder / "Flickr8k.token.txt", "w", encoding="utf-8") as tokens, \
-            open(folder / "Flickr8k.token.conllu", "w", encoding="utf-8") as conllu:
+    conllu = open(folder / "Flickr8k.token.conllu", "w", encoding="utf-8") if parses else None
+    with open(folder / "Flickr8k.token.txt", "w", encoding="utf-8") as tokens:
         for n, image in enumerate(train + test):
             source = names[n % len(names)]
             for k in range(5):
                 tokens.write(f"{image}.jpg#{k}\t{captions[source][k]}\n")
-                if parses:
-                    text = trees[source][k]
-                    conllu.write(f"# sent_id = {image}.jpg#{k}\n{text}\n\n")
+                if conllu:
+                    conllu.write(f"# sent_id = {image}.jpg#{k}\n{trees[source][k]}\n\n")
+    if conllu:
+        conllu.close()
     (folder / "Flickr_8k.trainImages.txt").write_text("".join(f"{i}.jpg\n" for i in train))
     (folder / "Flickr_8k.devImages.txt").write_text("".join(f"{i}.jpg\n" for i in test))
     (folder / "Flickr_8k.testImages.txt").write_text("".join(f"{i}.jpg\n" for i in test))
