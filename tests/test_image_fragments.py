@@ -26,13 +26,7 @@ def test_fragment_boxes_put_the_whole_image_first():
 
 
 def test_extract_fragment_features_masks_images_with_few_proposals(tmp_path):
-    rng = np.random.default_rng(0)
-    paths = {}
-    for name, size in (("a", (30, 40)), ("b", (24, 24))):
-        paths[name] = tmp_path / f"{name}.png"
-        Image.fromarray(rng.integers(0, 255, size + (3,), dtype=np.uint8)).save(paths[name])
-    proposals = {"a": np.tile(np.array([[2, 3, 20, 25]], np.float32), (25, 1)),
-                 "b": np.array([[0, 0, 10, 10], [5, 5, 20, 20]], np.float32)}
+    paths, proposals = _two_images(tmp_path)
     backbone = _backbone()
     features, mask = extract_fragment_features(paths, proposals, backbone)
     assert features.shape == (2, 20, 4) and mask.sum(axis=1).tolist() == [20, 3]
