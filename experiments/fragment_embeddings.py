@@ -134,6 +134,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     # Training.
     flags.DEFINE_integer("epochs", 20, "Epochs (an epoch: num_sentences / batch_size steps).",
                          lower_bound=1, **d)
+    flags.DEFINE_integer("steps_per_epoch", 0, "Steps per epoch; 0: the paper's epoch (every training "
+                         "sentence once, num_sentences / batch_size steps). A smaller value shortens a "
+                         "trial or benchmark run at the real dataset size.", lower_bound=0, **d)
     flags.DEFINE_integer("batch_size", 100, "Distinct images per batch, one sentence each.",
                          lower_bound=2, **d)
     flags.DEFINE_float("learning_rate", 1e-5, "SGD learning rate (cross-validated in the paper; the code: 1e-5).",
@@ -352,7 +355,7 @@ def run(f) -> dict:
     sentences = fragment_batches.padded_sentence_arrays(
         text.splits["train"].relation, text.splits["train"].word1, text.splits["train"].word2,
         text.splits["train"].row_splits)
-    steps = fragment_batches.steps_per_epoch(splits["train"].num_captions, f.batch_size)
+    steps = f.steps_per_epoch or fragment_batches.steps_per_epoch(splits["train"].num_captions, f.batch_size)
     for stage, first, end in _stage_epochs(f):
         stage_dir = run_dir / f"stage{stage}"
         with strategy.scope():
@@ -383,6 +386,7 @@ def run(f) -> dict:
         logging.info("%s - stage %d: %s", row_name, stage, {k: round(v, 2) for k, v in metrics.items()})
         record["stages"].append({"stage": stage, "epochs": [first, end], "mil": bool(model.mil.numpy()),
                                  "cnn_trained": bool(model.image_head is not None and stage == 2),
+                                 "steps_per_epoch": steps, "optimizer_steps": int(model.optimizer.iterations.numpy()),
                                  "history": {k: [float(x) for x in v] for k, v in history.history.items()},
                                  "metrics": metrics, "seconds": time.time() - stage_start,
                                  "run_dir": str(stage_dir)})

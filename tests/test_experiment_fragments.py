@@ -226,3 +226,16 @@ def test_feature_dtype_float16_stores_the_fragment_cache_in_half(tiny_dataset, m
         np.testing.assert_array_equal(half[split].inputs[0:len(half[split].inputs)],
                                       np.asarray(full[split].inputs[0:len(full[split].inputs)]).astype(np.float16))
         np.testing.assert_array_equal(half[split].mask, full[split].mask)
+
+
+def test_steps_per_epoch_shortens_an_epoch_and_zero_keeps_the_papers(tiny_dataset, tmp_path):
+    # The flag that lets a real-size (Flickr30K) trial run a few steps and evaluate.
+    short = run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "short", "--epochs=1",
+                    "--steps_per_epoch=2", "--noexport")
+    full = run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "full", "--epochs=1",
+                   "--noexport")
+    iterations = {name: record["stages"][0]["optimizer_steps"] for name, record in (("short", short), ("full", full))}
+    assert iterations["short"] == short["stages"][0]["steps_per_epoch"] == 2
+    # The paper's epoch: every training sentence once (40 images x 5 captions, batches of 20).
+    assert iterations["full"] == full["num_train_images"] * 5 // 20 == 10
+    _check_metrics(short["metrics"])
