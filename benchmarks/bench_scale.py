@@ -230,13 +230,15 @@ def main(argv=None) -> dict:
                 shutil.rmtree(folder, ignore_errors=True)
         ok = all(r["exit_code"] == 0 for r in rows)
         if len(rows) == 1:
-            # One size (the real-size run): its measured peak, no law to fit.
+            # One size (the real-size run): its measured peak, no law to fit. At real size the
+            # resident pages of the memory-mapped feature files (clean, dropped by the kernel under
+            # pressure) can alone exceed 8 GB, so the verdict reads the anonymous peak.
             row = rows[0]
-            passed = ok and row["peak_rss_mb"] <= PEAK_TARGET_GB * 1024
+            passed = ok and row["peak_anon_mb"] <= PEAK_TARGET_GB * 1024
             results["systems"][system] = {"runs": rows, "measured": {"images": row["images"], "pass": passed}}
             print(f"  {system:10s} at N={row['images']}: peak anonymous RSS {row['peak_anon_mb'] / 1024:.2f} GB, "
-                  f"peak RSS {row['peak_rss_mb'] / 1024:.2f} GB  [{'PASS' if passed else 'FAIL'}: finished, "
-                  f"< {PEAK_TARGET_GB:.0f} GB]", flush=True)
+                  f"peak RSS {row['peak_rss_mb'] / 1024:.2f} GB (mapped files {row['peak_file_mb'] / 1024:.2f} GB)"
+                  f"  [{'PASS' if passed else 'FAIL'}: finished, anonymous < {PEAK_TARGET_GB:.0f} GB]", flush=True)
             continue
         law = growth_law([r["images"] for r in rows], [r["peak_anon_mb"] for r in rows]) if rows else {}
         law["pass"] = bool(ok and law["slope_mb_per_image"] <= SLOPE_TARGET_MB and law["coco_gb"] <= PEAK_TARGET_GB
