@@ -52,6 +52,7 @@ from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.features.prepare_npair import (NPairInputSpec, backbone_maps, caption_inputs, load_backbone_maps,
                                                  phrase_parsed_captions, spatial_backbone, split_images)
 from tf_twobranch.json_files import read_json_object
+from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
 from tf_twobranch.models.npair_localization import (NPairLocalizationConfig, build_npair_model,
                                                     load_npair_config, save_npair_config)
 from tf_twobranch.sampling import npair_batches
@@ -129,9 +130,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "Tokens averaged by the score: the caption's words, or all padded positions (the code).",
                       **d)
     flags.DEFINE_enum("normalisation", "vector", ["vector", "map", "none"],
-                      "vector: each a_rc and s_t L2-normalised; map: the map and the caption matrix scaled "
-                      "to unit norm (what the code computes); none: the code as run.", **d)
-    flags.DEFINE_float("temperature", 0.1, "Softmax temperature of the N-pair loss (eqs. 5-6: 1).",
+                      "vector: each a_rc and s_t L2-normalised; map: the code's L2 norms applied (each map and "
+                      "each caption matrix, all T positions padding included, to unit norm); none: the "
+                      "code as run.", **d)
+    flags.DEFINE_float("temperature", DEFAULT_TEMPERATURE,
+                       "Softmax temperature of the N-pair loss (eqs. 5-6 and LocNet: 1).",
                        lower_bound=1e-6, **d)
     flags.DEFINE_float("margin", 0.1, "Triplet margin η (the code: 0.1).", lower_bound=0.0, **d)
     # Training.

@@ -97,7 +97,7 @@ def test_triplet_matches_loops(margin, seed):
 def test_hand_made_values():
     # Two pairs: N = 2, where the N-pair loss is a softplus of the score gap.
     scores = np.array([[2.0, 1.0], [0.5, 3.0]], np.float32)
-    rows = npair.npair_loss(scores, per_example=True).numpy()
+    rows = npair.npair_loss(scores, temperature=1.0, per_example=True).numpy()
     softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
     np.testing.assert_allclose(rows, [softplus(1.0 - 2.0) + softplus(0.5 - 2.0),
                                       softplus(0.5 - 3.0) + softplus(1.0 - 3.0)], rtol=1e-6)
@@ -112,7 +112,7 @@ def test_stable_at_large_scores(magnitude):
     scores = np.array([[magnitude, -magnitude, 0.0],
                        [magnitude, magnitude, -magnitude],
                        [0.0, -magnitude, magnitude]], np.float32)
-    got = npair.npair_loss(scores, per_example=True).numpy()
+    got = npair.npair_loss(scores, temperature=1.0, per_example=True).numpy()
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, np_npair(scores, scores.T, np.arange(3), 1.0), rtol=1e-5, atol=1e-3)
     triplet = npair.hardest_negative_triplet_loss(scores, per_example=True).numpy()

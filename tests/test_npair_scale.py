@@ -172,7 +172,7 @@ def test_evaluation_inputs_written_in_chunks_equal_the_whole_array_route(normali
     rng = np.random.default_rng(2)
     backbone = rng.normal(size=(11, 3, 3, 5)).astype(np.float32)
     token_ids = rng.integers(4, 12, (13, 6)).astype(np.int32)
-    mask = rng.uniform(size=(13, 6)) < 0.6       # the "map" norm reads the mask
+    mask = rng.uniform(size=(13, 6)) < 0.6
     mask[:, 1] = True
     stored = np.load(write_rows(tmp_path / "backbone.npy", backbone), mmap_mode="r")
     maps = localization_maps.evaluation_maps(model, stored, tmp_path / "eval", chunk=4)

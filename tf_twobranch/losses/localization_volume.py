@@ -33,8 +33,9 @@ Bi·H·W·Bt·T floats, so evaluation scores galleries in chunks
 float32 whatever the compute dtype of the inputs.
 
 `normalise_localization_inputs` rescales the inputs before scoring
-(`NORMALISATIONS`): "vector" (cosine volume), "map" (what the code computes
-but never applies) or "none" (the code as run).
+(`NORMALISATIONS`): "vector" (cosine volume), "map" (the L2 norms the code
+computes, over the whole map and the whole padded caption, but never applies)
+or "none" (the code as run).
 """
 from __future__ import annotations
 
@@ -244,17 +245,20 @@ def normalise_localization_inputs(image_maps, token_vectors, token_mask,
 
     * "vector": every a_{r,c} and every s_t L2-normalised, so m_{r,c,t} is a
       cosine in [−1, 1] (zero vectors stay zero).
-    * "map": each image map scaled to unit Frobenius norm over all H·W·d
-      entries, and each caption's token matrix scaled so that its *real*
-      tokens have unit Frobenius norm — what the authors' code computes and
-      never applies. A caption with no real token is left all zero.
-    * "none": unchanged (the code as run).
+    * "map": LocNet's L2 norms (models/models.py, `x.view(B, -1).norm(dim=1)`),
+      applied: each image map scaled to unit Frobenius norm over all H·W·d
+      entries, and each caption's token matrix to unit Frobenius norm over
+      all T·d entries, every position counted (<start>, the words, <end> and
+      the <end> padding: the code's LSTM output at every position). The
+      mask does not enter: the scale of a caption does not depend on which
+      of its positions are words. A zero map or caption stays zero.
+    * "none": unchanged (the code as run: it computes these norms and
+      returns the unnormalised tensors).
 
     This function only rescales: padded token positions are rescaled like
     the others (by the caption's factor under "map", to unit length under
     "vector") and never zeroed, because token_average="all" scores them;
-    under "real" the scorer ignores them. Pass an all-true mask to take the
-    "map" norm over every position, as the code would.
+    under "real" the scorer ignores them.
     """
     if mode not in NORMALISATIONS:
         raise ConfigError(f"normalisation must be one of {NORMALISATIONS}, got {mode!r}")
@@ -264,9 +268,7 @@ def normalise_localization_inputs(image_maps, token_vectors, token_mask,
     if mode == "vector":
         return (tf.math.l2_normalize(image_maps, axis=-1, epsilon=_NORM_EPSILON),
                 tf.math.l2_normalize(token_vectors, axis=-1, epsilon=_NORM_EPSILON))
-    real = tf.cast(token_mask, token_vectors.dtype)[:, :, None]
     map_scale = _inverse_norm(tf.reduce_sum(tf.square(image_maps), axis=[1, 2, 3], keepdims=True))
-    caption_scale = _inverse_norm(tf.reduce_sum(tf.square(token_vectors) * real, axis=[1, 2],
-                                                keepdims=True))
+    caption_scale = _inverse_norm(tf.reduce_sum(tf.square(token_vectors), axis=[1, 2], keepdims=True))
     return image_maps * map_scale, token_vectors * caption_scale
 

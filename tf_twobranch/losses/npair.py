@@ -16,7 +16,7 @@ and ``positive_index`` (B_l,): the column of each row's positive pair
 batch never holds two captions of one image).
 
 * `npair_loss` (eqs. 5–7): per row L1 + L2, each −log softmax of the row at
-  its positive column, logits = scores / temperature (the paper: 1),
+  its positive column, logits = scores / temperature (`DEFAULT_TEMPERATURE`),
   computed with logsumexp so scores of ±1e4 stay finite. L = (1/N) Σ_j.
 * `hardest_negative_triplet_loss` (eqs. 2–4) with online hardest-negative
   mining: the impostor of a row is its highest-scoring non-positive column;
@@ -41,10 +41,16 @@ from tf_twobranch import distribute
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.losses.localization_volume import pairwise_localization_scores
 
-__all__ = ["BATCH_LOSSES", "npair_loss", "hardest_negative_triplet_loss",
+__all__ = ["BATCH_LOSSES", "DEFAULT_TEMPERATURE", "npair_loss", "hardest_negative_triplet_loss",
            "localization_batch_loss", "NPairLoss", "HardestNegativeTripletLoss"]
 
 BATCH_LOSSES = ("npair", "triplet")
+
+# The one default of the N-pair temperature (config, losses, --temperature). Eqs. 5–6 and
+# LocNet's npairs_loss (exp(S) as it is) have none, i.e. 1; 0.1 because the default
+# normalisation makes S a mean of cosines in [−1, 1], where at 1 the softmax over a batch
+# of 64 captions stays near uniform (BUILD_NOTES.md, Das et al.).
+DEFAULT_TEMPERATURE = 0.1
 
 
 def _score_views(image_anchor_scores, text_anchor_scores, positive_index):
@@ -79,7 +85,7 @@ def _positive_scores(scores, positive_index):
 
 
 def npair_loss(image_anchor_scores, text_anchor_scores=None, *, positive_index=None,
-               temperature: float = 1.0, per_example: bool = False) -> tf.Tensor:
+               temperature: float = DEFAULT_TEMPERATURE, per_example: bool = False) -> tf.Tensor:
     """N-pair loss (eqs. 5–7): L1 + L2 per row, (B_l,) if `per_example`, else their mean.
 
     Args:
@@ -87,7 +93,7 @@ def npair_loss(image_anchor_scores, text_anchor_scores=None, *, positive_index=N
       text_anchor_scores: (B_l, N), row j = S(I_i, T_j) over all N images
         (default: the transpose of a square `image_anchor_scores`).
       positive_index: (B_l,) column of each row's positive (default arange).
-      temperature: logits = scores / temperature (eqs. 5–6: 1).
+      temperature: logits = scores / temperature (eqs. 5–6: 1; see `DEFAULT_TEMPERATURE`).
       per_example: return the per-row values instead of their mean.
     """
     if isinstance(temperature, (int, float)) and temperature <= 0:
@@ -132,7 +138,7 @@ def hardest_negative_triplet_loss(image_anchor_scores, text_anchor_scores=None, 
 
 def localization_batch_loss(image_maps, token_vectors, token_mask, *, loss: str = "npair",
                             aggregator: str = "max_image", token_average: str = "real",
-                            temperature: float = 1.0, margin: float = 0.1) -> tf.Tensor:
+                            temperature: float = DEFAULT_TEMPERATURE, margin: float = 0.1) -> tf.Tensor:
     """The loss of one batch (image b paired with caption b) over the global batch.
 
     Inside a replica context the replica's maps, tokens and masks are
@@ -199,7 +205,7 @@ class NPairLoss(keras.losses.Loss):
     with weight 0 still serves as an impostor of the other rows.
     """
 
-    def __init__(self, temperature=1.0, name="npair_loss", reduction="sum_over_batch_size",
+    def __init__(self, temperature=DEFAULT_TEMPERATURE, name="npair_loss", reduction="sum_over_batch_size",
                  dtype=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         if temperature <= 0:

@@ -57,7 +57,7 @@ class NPairLocalizationConfig:
     aggregator: str = "max_image"
     token_average: str = "real"
     normalisation: str = "vector"
-    temperature: float = 1.0        # eqs. 5-6 have none (1)
+    temperature: float = npair_losses.DEFAULT_TEMPERATURE   # eqs. 5-6 and LocNet: 1
     margin: float = 0.1             # η of eqs. 2-3 (the code's 0.1)
     train_word_vectors: bool = False
     train_backbone: bool = False
