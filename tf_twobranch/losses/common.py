@@ -113,8 +113,9 @@ def positive_caps(num_cols, max_positives: int, elements_per_positive) -> list:
 
 def first_positives(positive: tf.Tensor, cap, dtype):
     """Column indices of the first `cap` positives of each row and their validity mask."""
-    if cap is None:
-        cap = tf.shape(positive)[-1]
+    # A cap above the row length (fewer images or texts in a batch than MAX_POSITIVES_PER_ANCHOR,
+    # with the batch size unknown when traced) would make top_k fail at run time.
+    cap = tf.shape(positive)[-1] if cap is None else static_k(positive, cap)
     first = tf.math.top_k(tf.cast(positive, dtype), k=cap)
     return first.indices, first.values > 0
 

@@ -28,7 +28,26 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_twobranch.errors import ConfigError
 from tf_twobranch.losses.common import pairwise_distance, static_anchor_ranking_loss, top_k_hinge
+
+
+def check_top_k_fits_batch(top_k: int, batch_images: int, *, top_k_name: str = "top_k",
+                           batch_name: str = "batch_size") -> None:
+    """Refuses a K larger than the images of a batch, naming both settings.
+
+    Every text anchor draws its K most violating negatives from the batch's
+    other images; with fewer images than K no anchor ever has K of them, so
+    K does not select anything (the loss would silently average over fewer
+    terms than asked). `top_k_name` / `batch_name` are how the caller's user
+    spells them (e.g. the experiment's ``--top_k`` and ``--batch_size``).
+    """
+    if batch_images < top_k:
+        raise ConfigError(
+            f"{batch_name}={batch_images} is below {top_k_name}={top_k}: each text anchor keeps its "
+            f"{top_k} most violating negatives among the batch's other images, and a batch of "
+            f"{batch_images} images has {batch_images - 1}; give {batch_name} >= {top_k} or "
+            f"{top_k_name} <= {batch_images}")
 
 
 def text_anchor_ranking_loss(dist: tf.Tensor, labels: tf.Tensor, *, margin: float,
