@@ -34,6 +34,7 @@ import pathlib
 import keras
 import numpy as np
 
+from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.data.dual_path_data import dual_path_data
 from tf_twobranch.data.formats import load_feature_matrix
 from tf_twobranch.data.layout import resolve_dataset
@@ -113,7 +114,7 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
         fragment_config, _ = load_fragment_config(folder / "fragment_config.json")
         # W_e (frozen word vectors) is a weight of the checkpoint: no data needed.
         model = build_fragment_model(fragment_config)
-        model.load_weights(_weights(folder, checkpoint))
+        load_checkpoint(model, _weights(folder, checkpoint))
         config = read_json_object(folder / "run_config.json", "run configuration")
         return Run(folder, "fragment_embeddings", model, config, _results(run_dir, folder))
     if (run_dir / "npair_config.json").exists():
@@ -137,7 +138,7 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
     if not isinstance(config.get("model"), dict):
         raise UserInputError(f"{config_path}: no 'model' configuration in it")
     model = build_model(TwoBranchConfig.from_dict(config["model"]))
-    model.load_weights(_weights(folder, checkpoint))
+    load_checkpoint(model, _weights(folder, checkpoint))
     return Run(folder, "two_branch", model, config, _results(run_dir, folder))
 
 

@@ -91,6 +91,7 @@ import tensorflow as tf
 
 from tf_twobranch import distribute, losses
 from tf_twobranch.batching import in_batches, unpack_batch
+from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.evaluation import retrieval
@@ -711,10 +712,5 @@ def load_dual_path_model(config_path, weights_path) -> DualPathModel:
     if config.image_backbone != "scene_cnn":  # its .keras file also holds the architecture
         config.image_weights = None
     model = build_dual_path_model(config)
-    if not os.path.isfile(weights_path):
-        raise DataFormatError(weights_path, "weights file does not exist")
-    try:
-        model.load_weights(weights_path)
-    except (ValueError, OSError, KeyError) as err:
-        raise DataFormatError(weights_path, f"weights do not fit the model ({str(err).splitlines()[0]})") from None
+    load_checkpoint(model, weights_path, expected=f"a dual-path model of {config_path}")
     return model

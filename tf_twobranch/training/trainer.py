@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.distribute import (STRATEGIES, cluster_resolver, distribute_global_batches, is_chief,
                                      is_multi_worker)
 from tf_twobranch.errors import ConfigError, UserInputError
@@ -331,7 +332,7 @@ class TrainingBackup(keras.callbacks.Callback):
         weights = self.restore_directory / state["weights"]
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        model.load_weights(weights)
+        load_checkpoint(model, weights)
         seeds = _seed_generator_states(model)
         if len(seeds) != len(state["seed_generators"]):
             raise UserInputError(f"{state_path}: the backup has "
