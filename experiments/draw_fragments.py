@@ -35,6 +35,7 @@ from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.fragment_alignment import (RankedSentence, best_image_fragments,
                                                         draw_fragment_alignment, triplet_label)
+from tf_twobranch.run_folders import require_run_task
 
 # Like draw_localization, this module imports no TensorFlow at start-up (--help stays fast):
 # the row is loaded, and TensorFlow imported, only when pictures are drawn.
@@ -45,6 +46,7 @@ FLAGS = flags.FLAGS
 def _check_run_dir(run_dir: pathlib.Path) -> None:
     if not run_dir.is_dir():
         raise UserInputError(f"--run_dir={run_dir}: folder does not exist")
+    require_run_task(run_dir, "fragment_embeddings", "experiments.draw_fragments")
     if not (run_dir / "results.json").is_file():
         raise UserInputError(f"{run_dir}: no results.json; expected the run folder of a finished row of "
                              "python -m experiments.fragment_embeddings (it writes results.json at the end)")

@@ -21,6 +21,7 @@ from absl import app, flags
 
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.run_folders import require_run_task
 
 FLAGS = flags.FLAGS
 
@@ -37,6 +38,7 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
 def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "word") -> list[pathlib.Path]:
     """Draws the pictures; returns the PNG paths."""
     run_dir = pathlib.Path(run_dir)
+    require_run_task(run_dir, "npair_localization", "experiments.draw_heat_maps")
     if not (run_dir / "results.json").is_file():
         raise UserInputError(f"--run_dir={run_dir}: no results.json; expected the run folder of a finished "
                              "model row of python -m experiments.npair_localization")

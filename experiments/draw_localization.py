@@ -47,6 +47,7 @@ from tf_twobranch.data.layout import PROPOSALS_FILE_NAME, resolve_dataset
 from tf_twobranch.data.phrases import phrase_examples_from_images
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.run_folders import require_run_task
 from tf_twobranch.vectors import l2_normalize_rows
 
 # Unlike the training experiments, this module imports no TensorFlow, scikit-learn or
@@ -315,6 +316,7 @@ def _main() -> None:
             scorer = saved_model_scorer(FLAGS.saved_model)
         else:
             # Only the --run_dir path needs load_run (it imports TensorFlow).
+            require_run_task(FLAGS.run_dir, "phrase_localization", "experiments.draw_localization")
             from tf_twobranch.runs import load_run
             run = load_run(FLAGS.run_dir)
             inputs = _run_inputs(run)

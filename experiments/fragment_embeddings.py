@@ -34,6 +34,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
+from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.embedded import load_embedded_dataset
 from tf_twobranch.data.layout import resolve_dataset
@@ -274,11 +275,7 @@ def _initial_weights(model, path: str) -> str:
     if weights is None:
         raise common.UserInputError(f"--init_from={path}: no checkpoint found (looked for "
                                     f"{', '.join(map(str, candidates))})")
-    try:
-        model.load_weights(weights)
-    except (ValueError, OSError, KeyError) as e:
-        raise common.UserInputError(f"{weights}: weights do not fit this model "
-                                    f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    load_checkpoint(model, weights)
     return str(weights)
 
 
@@ -331,7 +328,8 @@ def run(f) -> dict:
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
     source, layout, splits, images, text = load_data(f)
     evaluation = splits[f.eval_split]
-    record = {"row": row_name, "dataset": str(source), **common.flag_record(f, typed),
+    record = {"row": row_name, "task": "fragment_embeddings", "dataset": str(source),
+              **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
               "num_train_images": splits["train"].num_images, "num_eval_images": evaluation.num_images,
               "num_eval_captions": evaluation.num_captions, "protocol": f.protocol,
@@ -421,7 +419,7 @@ def load_row(run_dir):
     stage_dir = pathlib.Path(record["stages"][-1]["run_dir"])
     config, _ = load_fragment_config(stage_dir / "fragment_config.json")
     model = build_fragment_model(config, text.word_vectors.vectors)
-    model.load_weights(stage_dir / "checkpoints" / "latest.weights.h5")
+    load_checkpoint(model, stage_dir / "checkpoints" / "latest.weights.h5")
     return f, splits, images, text, model
 
 

@@ -28,6 +28,7 @@ from tf_twobranch.evaluation import retrieval
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.export.two_branch import export_saved_model
 from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features, prepare_text_features
+from tf_twobranch.losses.ranking import check_top_k_fits_batch
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.runs import record_feature_split
 from tf_twobranch.sampling import image_sentence as sampling
@@ -210,12 +211,15 @@ def run(f) -> dict:
     profile = apply_embedded_profile(f)
     if profile:
         logging.info("embedded dataset: using its profile defaults %s", profile)
+    if f.model == "embedding":  # before any data is read: a wrong pair fails in seconds
+        check_top_k_fits_batch(f.top_k, f.batch_size, top_k_name="--top_k", batch_name="--batch_size")
     row_name = f.row_name or "image_sentence"
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
     layout, splits, image, text, extras = load_data(f)
     dataset_dir = layout.root
     train, test = splits["train"], splits["test"]
-    record = {"row": row_name, "dataset_dir": str(dataset_dir), **common.flag_record(f, typed),
+    record = {"row": row_name, "task": "image_sentence_retrieval", "dataset_dir": str(dataset_dir),
+              **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
               "num_train_images": train.num_images, "num_test_images": test.num_images,
               "num_test_captions": test.num_captions,

@@ -24,6 +24,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
+from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data import dual_path_data
 from tf_twobranch.data.dual_path_data import check_num_classes
@@ -318,13 +319,8 @@ def _initial_weights(model, path: str, num_classes: int) -> str:
     if weights is None:
         raise common.UserInputError(f"--init_from={path}: no checkpoint found (looked for "
                                     f"{', '.join(map(str, candidates))})")
-    try:
-        model.load_weights(weights)
-    except (ValueError, OSError, KeyError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise common.UserInputError(
-            f"{weights}: weights do not fit this model ({first}); the checkpoint must come "
-            f"from the same architecture and the same number of classes ({num_classes})") from None
+    load_checkpoint(model, weights, expected=f"the same architecture and the same number of classes "
+                                         f"({num_classes})")
     return str(weights)
 
 
@@ -394,7 +390,7 @@ def run(f) -> dict:
     strategy = common.setup_training(f)
     with strategy.scope():
         model = DualPathModel(config, matrix).build_all()
-    record = {"row": row_name, "dataset": str(source), "dataset_kind": f.dataset_kind,
+    record = {"row": row_name, "task": "dual_path", "dataset": str(source), "dataset_kind": f.dataset_kind,
               **common.flag_record(f, typed), "paper": common.paper_numbers(f.paper_results),
               "paper_dataset": f.paper_dataset, "num_train_images": train.num_images,
               "num_classes": config.num_classes, "vocabulary_size": config.vocabulary_size,

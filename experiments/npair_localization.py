@@ -51,6 +51,7 @@ from tf_twobranch.evaluation.localization_retrieval import evaluate_localization
 from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.features.prepare_npair import (NPairInputSpec, backbone_maps, caption_inputs, load_backbone_maps,
                                                  phrase_parsed_captions, spatial_backbone, split_images)
+from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
 from tf_twobranch.models.npair_localization import (NPairLocalizationConfig, build_npair_model,
@@ -277,7 +278,8 @@ def run(f) -> dict:
     source, layout, splits, text, backbone, maps = load_data(f, need_text=not baseline)
     evaluation = splits[f.eval_split]
     queries = evaluation_queries(layout, evaluation)
-    record = {"row": row_name, "row_kind": f.row_kind, "dataset": str(source), **common.flag_record(f, typed),
+    record = {"row": row_name, "task": "npair_localization", "row_kind": f.row_kind, "dataset": str(source),
+              **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
               "num_train_images": splits["train"].num_images, "num_eval_images": evaluation.num_images,
               "num_eval_captions": evaluation.num_captions,
@@ -384,7 +386,7 @@ def load_row(run_dir):
     config, _ = load_npair_config(run_dir / "npair_config.json")
     model = build_npair_model(config, text.word_matrix, backbone=backbone)
     weights = run_dir / "checkpoints" / "latest.weights.h5"
-    model.load_weights(weights if weights.exists() else run_dir / "untrained.weights.h5")
+    load_checkpoint(model, weights if weights.exists() else run_dir / "untrained.weights.h5")
     return f, layout, splits, text, maps, model
 
 

@@ -285,7 +285,8 @@ def run(f) -> dict:
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
     layout, data = load_data(f)
     train, test = data["train"], data["test"]
-    record = {"row": row_name, "dataset_dir": str(layout.root), **common.flag_record(f, typed),
+    record = {"row": row_name, "task": "phrase_localization", "dataset_dir": str(layout.root),
+              **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "marks": table_marks(f),
               "num_train_phrases": train.num_phrases, "num_test_phrases": test.num_phrases,
               "num_test_images": len(test.image_ids),
