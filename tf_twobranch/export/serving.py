@@ -19,9 +19,12 @@ A wrong *dtype* cannot be checked in the graph (a signature has one dtype
 per input); it is rejected by the runtime before the graph runs, as
 ``InvalidArgumentError: cannot compute ... as input #0(zero-based) was
 expected to be a string tensor but is a float tensor`` (`tf.saved_model.load`)
-or ``Expects arg[0] to be string but float is provided`` (TF Serving).
-NumPy integer / float64 arrays passed to a float32 input are cast, not
-rejected.
+or ``Expects arg[0] to be string but float is provided`` (TF Serving), which
+name neither the input nor what it takes. Where the package calls a
+signature it goes through `call_signature` (and the ``saved_model_cli`` tool
+through `check_signature_inputs`), which checks every input against the
+signature's `TensorSpec` first and names the input, the expected dtype and
+shape and what it got (`check_signature_inputs`).
 
 Warm-up: TF Serving replays ``assets.extra/tf_serving_warmup_requests`` (a
 TFRecord of ``tensorflow.serving.PredictionLog`` protos) when it loads a
@@ -47,7 +50,7 @@ import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tensorflow.core.framework import tensor_pb2
 
-from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.image_decoding import describe_image_formats, tf_decode_image, tf_is_image_bytes
 
 __all__ = [
@@ -60,6 +63,9 @@ __all__ = [
     "feature_batch_spec",
     "validate_strings",
     "validate_features",
+    "signature_input_specs",
+    "check_signature_inputs",
+    "call_signature",
     "decode_jpeg_batch",
     "write_warmup_requests",
     "read_warmup_requests",
@@ -89,6 +95,113 @@ def jpeg_batch_spec(name: str) -> tf.TensorSpec:
 def feature_batch_spec(name: str) -> tf.TensorSpec:
     """Spec of a float32 feature batch, shape (batch, dim) checked by `validate_features`."""
     return tf.TensorSpec(None, tf.float32, name=name)
+
+
+# --------------------------------------------------------------------------
+# Calling a signature: each input checked against its TensorSpec first.
+
+
+def signature_input_specs(signature) -> dict[str, tf.TensorSpec]:
+    """``{input name: TensorSpec}`` of a loaded signature (``loaded.signatures[name]``), a
+    `tf.function` with an input signature, or a ``SignatureDef`` proto (``saved_model_cli``)."""
+    if hasattr(signature, "inputs") and hasattr(signature, "method_name"):     # SignatureDef
+        return {name: tf.TensorSpec(tf.TensorShape(info.tensor_shape), tf.as_dtype(info.dtype), name)
+                for name, info in signature.inputs.items()}
+    if hasattr(signature, "get_concrete_function") and not hasattr(signature, "structured_input_signature"):
+        signature = signature.get_concrete_function()
+    args, kwargs = signature.structured_input_signature
+    specs = dict(kwargs)
+    specs.update({spec.name: spec for spec in args})
+    return specs
+
+
+def _describe_spec(spec: tf.TensorSpec) -> str:
+    if spec.shape.rank is None:
+        return spec.dtype.name
+    dims = ", ".join("batch" if d is None and i == 0 else "?" if d is None else str(d)
+                     for i, d in enumerate(spec.shape.as_list()))
+    return f"{spec.dtype.name} of shape ({dims}{',' if spec.shape.rank == 1 else ''})"
+
+
+def _describe_value(value) -> str:
+    if tf.is_tensor(value):
+        return f"a {value.dtype.name} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (np.ndarray, np.generic)):
+        return f"a {value.dtype} array of shape {np.shape(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _checked_input(spec: tf.TensorSpec, value, where: str):
+    """`value` as a tensor of `spec`'s dtype, or a UserInputError naming what was expected."""
+    expected = _describe_spec(spec)
+    got = _describe_value(value)
+
+    def refuse(hint=""):
+        raise UserInputError(f"{where}: expected {expected}, got {got}{hint}")
+
+    dtype = None
+    if tf.is_tensor(value):
+        dtype = value.dtype
+    elif isinstance(value, (np.ndarray, np.generic)):
+        dtype = tf.string if value.dtype.kind in "OSU" else tf.as_dtype(value.dtype)
+    if dtype is not None and dtype != spec.dtype:
+        if spec.dtype == tf.string and dtype.is_integer and len(np.shape(value)) >= 3:
+            refuse(" (pixels?); this input takes the encoded image files' bytes (JPEG or PNG), "
+                   "e.g. open(path, 'rb').read(), not decoded pixels")
+        if not (dtype.is_integer and spec.dtype.is_integer):
+            refuse(f"; cast it first (e.g. .astype(np.{spec.dtype.name}))"
+                   if spec.dtype != tf.string and dtype != tf.string else "")
+        values = np.asarray(value)
+        if values.size and (values.min() < spec.dtype.min or values.max() > spec.dtype.max):
+            refuse(f" with values outside the {spec.dtype.name} range")
+    try:
+        tensor = tf.convert_to_tensor(value if dtype is None or dtype == spec.dtype
+                                      else np.asarray(value).astype(spec.dtype.as_numpy_dtype),
+                                      dtype_hint=spec.dtype)
+    except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+        tensor = None    # refused below, outside the handler: the message is the whole story
+    if tensor is None or tensor.dtype != spec.dtype:
+        refuse()
+    if spec.shape.rank is not None and not spec.shape.is_compatible_with(tensor.shape):
+        refuse()
+    return tensor
+
+
+def check_signature_inputs(specs: Mapping[str, tf.TensorSpec], inputs: Mapping[str, object],
+                           signature_name: str) -> dict[str, tf.Tensor]:
+    """Every input of a request checked against the signature's specs; returns the tensors.
+
+    Names must be exactly the signature's. A value with a dtype (a NumPy array
+    or a tensor) must have the input's dtype; the exceptions are integer arrays
+    for an integer input (NumPy's default int64 for int32 ids) when every value
+    fits. Values without one (Python numbers, lists, str/bytes) are converted to
+    the input's dtype. A spec with a known rank or dimensions is checked too;
+    the exports' specs fix only the dtype, their shapes are checked in the graph.
+
+    Raises:
+      UserInputError: naming the signature, the input, the expected dtype (and
+        shape) and what was given; e.g. float64 features for a float32 input,
+        uint8 pixels for an ``image_jpeg`` string input.
+    """
+    missing = sorted(set(specs) - set(inputs))
+    unknown = sorted(set(inputs) - set(specs))
+    if missing or unknown:
+        raise UserInputError(
+            f"signature {signature_name!r} takes the inputs "
+            f"{', '.join(f'{n} ({_describe_spec(specs[n])})' for n in sorted(specs))}; "
+            + (f"missing {missing}" if missing else "") + ("; " if missing and unknown else "")
+            + (f"unknown {unknown}" if unknown else ""))
+    return {name: _checked_input(spec, inputs[name], f"signature {signature_name!r}, input {name!r}")
+            for name, spec in specs.items()}
+
+
+def call_signature(loaded, signature_name: str, **inputs) -> dict:
+    """``loaded.signatures[signature_name](**inputs)`` after `check_signature_inputs`."""
+    if signature_name not in loaded.signatures:
+        raise UserInputError(f"the SavedModel has no signature {signature_name!r}; it has "
+                             f"{sorted(loaded.signatures)}")
+    signature = loaded.signatures[signature_name]
+    return signature(**check_signature_inputs(signature_input_specs(signature), inputs, signature_name))
 
 
 # --------------------------------------------------------------------------
@@ -476,4 +589,4 @@ def replay_warmup_file(export_dir) -> None:
     """Runs a written SavedModel's warm-up file through the reloaded model, as TF Serving does on load."""
     loaded = tf.saved_model.load(str(export_dir))
     for signature_name, inputs in read_warmup_requests(export_dir):
-        loaded.signatures[signature_name](**{name: tf.constant(value) for name, value in inputs.items()})
+        call_signature(loaded, signature_name, **inputs)
