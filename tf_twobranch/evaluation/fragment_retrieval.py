@@ -13,7 +13,10 @@ captions, 39 % are distinct, 48 % within a window of 2,048 captions. A window
 is therefore scored once per *distinct* fragment row u:
 A_ku = Σ_{i∈g_k} max(0, vᵢᵀu) (the matmul, in chunks of distinct rows and
 blocks of images), and S_kl = Σ_{j∈g_l} A_{k,u(j)} / normaliser (a sparse
-count matrix). The result is the double sum exactly (summed in another
+count matrix). Every accumulation of `tf_twobranch.losses.fragment.GLOBAL_SCORES`
+(Σ or max over the image's fragments, with or without the ReLU) is a
+function of the image and the row u alone, so each takes the same path with
+its own A_ku (`accumulate_image_fragments`, the training objective's). The result is the double sum exactly (summed in another
 order); memory is bounded by ``image_chunk × M × fragment_chunk`` floats and
 the (images × window) block the core asks for, whatever the test size.
 Identical captions get bit-identical scores (the same distinct rows, summed
@@ -35,7 +38,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.losses.fragment import global_score_denominators
+from tf_twobranch.losses.fragment import GLOBAL_SCORES, accumulate_image_fragments, global_score_denominators
 
 __all__ = ["fragment_score_fn", "evaluate_fragment_retrieval", "distinct_rows"]
 
@@ -91,15 +94,15 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 @tf.function(reduce_retracing=True)
-def _summed_hinge_scores(image_fragments, image_weight, distinct_fragments):
-    """A (Bi, U): Σ_i w_ki max(0, v_kiᵀu) for every image k of the block and distinct fragment u."""
-    scores = tf.nn.relu(tf.einsum("kmh,uh->kmu", image_fragments, distinct_fragments))
-    return tf.einsum("kmu,km->ku", scores, image_weight)
+def _accumulated_image_scores(image_fragments, image_mask, distinct_fragments, global_score):
+    """A (Bi, U): e.g. Σ_i max(0, v_kiᵀu) over the valid fragments of every image k of the block, per distinct u."""
+    return accumulate_image_fragments(tf.einsum("kmh,uh->kmu", image_fragments, distinct_fragments),
+                                      image_mask, global_score=global_score)
 
 
 def fragment_score_fn(image_fragments, image_mask, sentence_fragments, row_splits, *,
                       images: np.ndarray | None = None, sentences: np.ndarray | None = None,
-                      smoothing: float = 5.0, normaliser: str = "paper",
+                      smoothing: float = 5.0, normaliser: str = "paper", global_score: str = "sum_relu",
                       fragment_chunk: int = 2048, image_chunk: int = 250):
     """A `score_fn(start, stop)` (the evaluation core's scorer) of S_kl.
 
@@ -108,14 +111,17 @@ def fragment_score_fn(image_fragments, image_mask, sentence_fragments, row_split
       sentence_fragments: (total, h) embedded sentence fragments, sentence l owning rows
         ``row_splits[l]:row_splits[l + 1]`` (a sentence may have none: it scores 0).
       images, sentences: the indices scored (default all), e.g. one protocol fold.
+      smoothing, normaliser, global_score: S_kl's settings (`FragmentEmbeddingConfig.score_options`).
       fragment_chunk, image_chunk: distinct sentence fragments and images per matmul (memory bound).
     """
     image_fragments, image_mask, sentence_fragments, row_splits = _check(
         image_fragments, image_mask, sentence_fragments, row_splits)
     images = np.arange(len(image_fragments)) if images is None else np.asarray(images)
     sentences = np.arange(len(row_splits) - 1) if sentences is None else np.asarray(sentences)
+    if global_score not in GLOBAL_SCORES:
+        raise UserInputError(f"global_score must be one of {GLOBAL_SCORES}, got {global_score!r}")
     image_blocks = [(tf.constant(image_fragments[images[i:i + image_chunk]]),
-                     tf.constant(image_mask[images[i:i + image_chunk]], tf.float32))
+                     tf.constant(image_mask[images[i:i + image_chunk]]))
                     for i in range(0, len(images), image_chunk)]
     image_sizes = image_mask[images].sum(axis=1)
     distinct, distinct_of = distinct_rows(sentence_fragments)
@@ -134,8 +140,9 @@ def fragment_score_fn(image_fragments, image_mask, sentence_fragments, row_split
         totals = np.zeros((len(rows), len(images)), np.float32)
         for c in range(0, len(used), fragment_chunk):
             chunk = tf.constant(distinct[used[c:c + fragment_chunk]])
-            summed = np.concatenate([_summed_hinge_scores(v, w, chunk).numpy() for v, w in image_blocks])
-            totals += counts[:, c:c + fragment_chunk] @ summed.T
+            accumulated = np.concatenate([_accumulated_image_scores(v, mask, chunk, global_score).numpy()
+                                          for v, mask in image_blocks])
+            totals += counts[:, c:c + fragment_chunk] @ accumulated.T
         denominators = global_score_denominators(image_sizes, lengths, smoothing=smoothing,
                                                  normaliser=normaliser).numpy()
         return totals.T / denominators
@@ -146,7 +153,8 @@ def fragment_score_fn(image_fragments, image_mask, sentence_fragments, row_split
 def evaluate_fragment_retrieval(image_fragments, image_mask, sentence_fragments, row_splits,
                                 caption_image, protocol: str = "full", *,
                                 ks: Sequence[int] = retrieval.DEFAULT_KS, smoothing: float = 5.0,
-                                normaliser: str = "paper", chunk_size: int = 5000) -> dict:
+                                normaliser: str = "paper", global_score: str = "sum_relu",
+                                chunk_size: int = 5000) -> dict:
     """Retrieval metrics of S_kl through the one evaluation core (R@K, median and mean rank, rsum).
 
     `chunk_size` captions are scored per call: wide, because the wider the
@@ -161,7 +169,7 @@ def evaluate_fragment_retrieval(image_fragments, image_mask, sentence_fragments,
     def factory(images, sentences):
         return fragment_score_fn(image_fragments, image_mask, sentence_fragments, row_splits,
                                  images=images, sentences=sentences, smoothing=smoothing,
-                                 normaliser=normaliser)
+                                 normaliser=normaliser, global_score=global_score)
 
     return retrieval.evaluate_protocol(np.arange(num_images), np.arange(num_sentences), caption_image,
                                        protocol, ks=ks, chunk_size=chunk_size, score_fn_factory=factory)

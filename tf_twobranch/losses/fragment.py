@@ -8,16 +8,26 @@ entries never count.
 
 * `fragment_alignment_labels`: y = +1 inside a positive bag (same pair),
   −1 elsewhere (eq. 4); with ``mil`` the mi-SVM heuristic of eq. 5 inside
-  positive bags: y = sign(vᵀs) (a score of exactly 0 counts as negative), and
-  a sentence fragment whose bag has no positive gets its best-scoring image
-  fragment as the positive.
+  positive bags: y = sign(vᵀs), and a sentence fragment whose bag has no
+  positive gets its best-scoring image fragment as the positive. A score of
+  exactly 0 (an all-zero ReLU sentence fragment) is a negative by default
+  (``mil_zero_score="negative"``); the authors' code (`DeFragCost.m`) keeps
+  MATLAB's sign(0) = 0, and a forced positive of score 0 becomes 2: neither
+  is ±1, so such pairs carry no weight (``mil_zero_score="ignored"``,
+  label 0).
 * `fragment_alignment_objective`: C₀ = Σ max(0, margin − y·vᵀs) over all
-  valid fragment pairs (eq. 4; margin 1), or the authors' code's
+  valid fragment pairs with y ≠ 0 (eq. 4; margin 1), or the authors' code's
   class-balanced form (per sentence fragment, positives weighted 1/#pos and
   negatives 1/#neg; ``class_balanced=True``).
-* `global_scores`: S_kl = Σ_{i∈g_k} Σ_{j∈g_l} max(0, vᵢᵀsⱼ) / (|g_k|(|g_l| + n))
+* `global_scores`: S_kl = Σ_{j∈g_l} acc_{i∈g_k}(vᵢᵀsⱼ) / (|g_k|(|g_l| + n))
   (eq. 6, n = 5), or the code's 1/(|g_l| + n) (``normaliser="code"``,
-  smoothnum 10 there). A sentence without fragments scores 0 with every image.
+  smoothnum 10 there). The accumulation ``global_score`` (`GLOBAL_SCORES`):
+  ``sum_relu`` Σ_i max(0, vᵢᵀsⱼ) (the paper; the code's thrglobalscore=1,
+  maxaccum=0); ``sum`` Σ_i vᵢᵀsⱼ (thrglobalscore=0); ``max_relu``
+  max_i max(0, vᵢᵀsⱼ) (maxaccum=1): each sentence fragment takes its best
+  image fragment; ``max`` max_i vᵢᵀsⱼ (the code's `DriverSetParams.m`
+  defaults, thrglobalscore=0 and maxaccum=1, "the CVPR implementation").
+  A sentence without fragments scores 0 with every image.
 * `global_ranking_objective`: C_G = Σ_k [Σ_{l≠k} max(0, S_kl − S_kk + Δ) +
   Σ_{l≠k} max(0, S_lk − S_kk + Δ)] (eq. 7).
 
@@ -29,12 +39,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-__all__ = ["NORMALISERS", "fragment_scores", "fragment_alignment_labels",
+__all__ = ["NORMALISERS", "GLOBAL_SCORES", "MIL_ZERO_SCORES", "fragment_scores", "fragment_alignment_labels",
            "fragment_alignment_objective", "global_scores", "global_scores_from_fragment_scores",
-           "global_score_denominators",
+           "global_score_denominators", "accumulate_image_fragments",
            "global_ranking_objective"]
 
 NORMALISERS = ("paper", "code")
+GLOBAL_SCORES = ("sum_relu", "sum", "max_relu", "max")
+MIL_ZERO_SCORES = ("negative", "ignored")
+
+
+def _check_choice(name: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def fragment_scores(image_fragments, sentence_fragments) -> tf.Tensor:
@@ -51,8 +68,13 @@ def _pair_masks(image_mask, sentence_mask):
     return valid, valid & same_pair
 
 
-def fragment_alignment_labels(scores, image_mask, sentence_mask, *, mil: bool = False) -> tf.Tensor:
-    """y ∈ {−1, +1} of every fragment pair, shaped like `scores` (see the module docstring)."""
+def fragment_alignment_labels(scores, image_mask, sentence_mask, *, mil: bool = False,
+                              mil_zero_score: str = "negative") -> tf.Tensor:
+    """y ∈ {−1, 0, +1} of every fragment pair, shaped like `scores` (see the module docstring).
+
+    0 only with ``mil`` and ``mil_zero_score="ignored"``: a positive-bag pair scoring exactly 0.
+    """
+    _check_choice("mil_zero_score", mil_zero_score, MIL_ZERO_SCORES)
     scores = tf.convert_to_tensor(scores)
     _, positive_bag = _pair_masks(image_mask, sentence_mask)
     if not mil:
@@ -65,20 +87,26 @@ def fragment_alignment_labels(scores, image_mask, sentence_mask, *, mil: bool = 
     best = tf.one_hot(tf.argmax(in_bag, axis=1), tf.shape(scores)[1], axis=1) > 0
     bag_exists = tf.reduce_any(positive_bag, axis=1, keepdims=True)
     forced = best & positive_bag & ~has_positive & bag_exists
-    return tf.where(positive | forced, 1.0, -1.0)
+    if mil_zero_score == "negative":
+        return tf.where(positive | forced, 1.0, -1.0)
+    # The code: Y = sign(score) in the bag, +2 on the forced arg-max; only ±1 are weighted.
+    zero = positive_bag & tf.equal(scores, 0.0)
+    return tf.where(positive | (forced & ~zero), 1.0, tf.where(zero, 0.0, -1.0))
 
 
 def fragment_alignment_objective(scores, labels, image_mask, sentence_mask, *, margin: float = 1.0,
                                  class_balanced: bool = False) -> tf.Tensor:
-    """C₀ (or C_F given MIL labels): hinge over every valid fragment pair (scalar)."""
+    """C₀ (or C_F given MIL labels): hinge over every valid fragment pair labelled ±1 (scalar)."""
     valid, _ = _pair_masks(image_mask, sentence_mask)
     labels = tf.cast(labels, scores.dtype)
-    hinge = tf.where(valid, tf.nn.relu(margin - labels * scores), tf.zeros_like(scores))
-    if not class_balanced:
-        return tf.reduce_sum(hinge)
     validf = tf.cast(valid, scores.dtype)
     positives = tf.cast(labels > 0, scores.dtype) * validf
-    negatives = validf - positives
+    negatives = tf.cast(labels < 0, scores.dtype) * validf
+    # tf.where, not a product with the mask: a padded pair's score may be anything.
+    hinge = tf.where(valid & tf.not_equal(labels, 0.0), tf.nn.relu(margin - labels * scores),
+                     tf.zeros_like(scores))
+    if not class_balanced:
+        return tf.reduce_sum(hinge)
     # Per sentence fragment (axes 2, 3): counts over all image fragments (axes 0, 1).
     num_pos = tf.reduce_sum(positives, axis=[0, 1], keepdims=True)
     num_neg = tf.reduce_sum(negatives, axis=[0, 1], keepdims=True)
@@ -86,14 +114,34 @@ def fragment_alignment_objective(scores, labels, image_mask, sentence_mask, *, m
     return tf.reduce_sum(weights * hinge)
 
 
+def accumulate_image_fragments(scores, image_mask, *, global_score: str = "sum_relu") -> tf.Tensor:
+    """Each image's valid fragments (axis 1 of `scores`, masked by `image_mask` (Bi, M)) accumulated.
+
+    `scores` is (Bi, M, ...) and the result (Bi, ...): Σ_i or max_i of vᵢᵀsⱼ,
+    thresholded at 0 first for the ``_relu`` variants (`GLOBAL_SCORES`). An
+    image without a valid fragment accumulates 0. Shared by the training
+    objective and the retrieval scorer, so both rank with the same S_kl.
+    """
+    _check_choice("global_score", global_score, GLOBAL_SCORES)
+    if global_score.endswith("_relu"):
+        scores = tf.nn.relu(scores)
+    if global_score.startswith("sum"):
+        # The mask as the weights of one contraction: no second temporary of the scores' size.
+        return tf.einsum("km...,km->k...", scores, tf.cast(image_mask, scores.dtype))
+    mask = tf.cast(image_mask, tf.bool)
+    mask = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([scores.shape.rank - 2], tf.int32)], 0))
+    best = tf.reduce_max(tf.where(mask, scores, tf.fill(tf.shape(scores), tf.constant(-float("inf"), scores.dtype))),
+                         axis=1)
+    return tf.where(tf.reduce_any(mask, axis=1), best, tf.zeros_like(best))
+
+
 def global_scores_from_fragment_scores(scores, image_mask, sentence_mask, *, smoothing: float = 5.0,
-                                       normaliser: str = "paper") -> tf.Tensor:
+                                       normaliser: str = "paper", global_score: str = "sum_relu") -> tf.Tensor:
     """S (Bi, Bs) of eq. 6 from the fragment scores (see the module docstring)."""
-    image_weight = tf.cast(image_mask, scores.dtype)
     sentence_weight = tf.cast(sentence_mask, scores.dtype)
-    # Masks as weights of one contraction: no second (Bi, M, Bs, F) temporary.
-    total = tf.einsum("kmlf,km,lf->kl", tf.nn.relu(scores), image_weight, sentence_weight)
-    return total / global_score_denominators(tf.reduce_sum(image_weight, axis=1),
+    per_sentence_fragment = accumulate_image_fragments(scores, image_mask, global_score=global_score)
+    total = tf.einsum("klf,lf->kl", per_sentence_fragment, sentence_weight)
+    return total / global_score_denominators(tf.reduce_sum(tf.cast(image_mask, scores.dtype), axis=1),
                                              tf.reduce_sum(sentence_weight, axis=1),
                                              smoothing=smoothing, normaliser=normaliser,
                                              dtype=scores.dtype)
@@ -102,8 +150,7 @@ def global_scores_from_fragment_scores(scores, image_mask, sentence_mask, *, smo
 def global_score_denominators(image_sizes, sentence_sizes, *, smoothing: float = 5.0,
                               normaliser: str = "paper", dtype=tf.float32) -> tf.Tensor:
     """The (Bi, Bs) normaliser of eq. 6 from |g_k| (Bi,) and |g_l| (Bs,): (|g_k|)(|g_l| + n) or |g_l| + n."""
-    if normaliser not in NORMALISERS:
-        raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
+    _check_choice("normaliser", normaliser, NORMALISERS)
     denominator = (tf.cast(sentence_sizes, dtype) + smoothing)[None, :]
     image_sizes = tf.cast(image_sizes, dtype)
     if normaliser == "paper":
@@ -112,11 +159,11 @@ def global_score_denominators(image_sizes, sentence_sizes, *, smoothing: float =
 
 
 def global_scores(image_fragments, image_mask, sentence_fragments, sentence_mask, *,
-                  smoothing: float = 5.0, normaliser: str = "paper") -> tf.Tensor:
+                  smoothing: float = 5.0, normaliser: str = "paper", global_score: str = "sum_relu") -> tf.Tensor:
     """S (Bi, Bs) of eq. 6 between every image and every sentence."""
     return global_scores_from_fragment_scores(
         fragment_scores(image_fragments, sentence_fragments), image_mask, sentence_mask,
-        smoothing=smoothing, normaliser=normaliser)
+        smoothing=smoothing, normaliser=normaliser, global_score=global_score)
 
 
 def global_ranking_objective(global_score_matrix, *, margin: float) -> tf.Tensor:
