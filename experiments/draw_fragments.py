@@ -141,8 +141,7 @@ def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         aligned = int(own[sentence])
         if top_sentences:
             global_scores = fragment_score_fn(v[k:k + 1], v_mask[k:k + 1], s, row_splits,
-                                              smoothing=model.config.smoothing,
-                                              normaliser=model.config.normaliser)(0, len(row_splits) - 1)[0]
+                                              **model.config.score_options())(0, len(row_splits) - 1)[0]
             order = np.argsort(-global_scores, kind="stable")[:top_sentences]
             ranked = [RankedSentence(corpus.captions[l], bool(corpus.caption_image[l] == n),
                                      float(global_scores[l])) for l in order]

@@ -46,6 +46,7 @@ from tf_twobranch.export.fragment_embedding import export_fragment_model
 from tf_twobranch.features.prepare_fragments import (FragmentFeatureSpec, FragmentTextSpec,
                                                      image_fragment_inputs, sentence_fragment_inputs)
 from tf_twobranch.json_files import read_json_object
+from tf_twobranch.losses.fragment import GLOBAL_SCORES, MIL_ZERO_SCORES
 from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
                                                     load_fragment_config, save_fragment_config)
 from tf_twobranch.sampling import fragment_batches
@@ -132,6 +133,18 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_float("smoothing", 5.0, "n of S_kl (the code's smoothnum: 10).", lower_bound=0.0, **d)
     flags.DEFINE_enum("normaliser", "paper", ["paper", "code"],
                       "S_kl normaliser: 1/(|g_k|(|g_l|+n)) (paper) or 1/(|g_l|+n) (code).", **d)
+    flags.DEFINE_enum("global_score", "sum_relu", list(GLOBAL_SCORES),
+                      "S_kl's accumulation over an image's fragments, in training and evaluation: "
+                      "sum_relu Σ max(0, vᵀs) (the paper; the code's thrglobalscore=1, maxaccum=0); "
+                      "sum Σ vᵀs (thrglobalscore=0); max_relu: each sentence fragment's best "
+                      "max(0, vᵀs) (maxaccum=1); max: its best vᵀs (the code's DriverSetParams.m "
+                      "defaults, 'the CVPR implementation').", **d)
+    flags.DEFINE_enum("mil_zero_score", "negative", list(MIL_ZERO_SCORES),
+                      "MIL label of a positive-bag pair scoring exactly 0 (an all-zero ReLU sentence "
+                      "fragment): negative (y = -1), or ignored (no weight in C_F: the code's sign(0) = 0).",
+                      **d)
+    flags.DEFINE_bool("decay_biases", False, "Include the biases in α‖θ‖² (the paper's θ and the "
+                      "authors' code decay every parameter); default: kernels only.", **d)
     # Training.
     flags.DEFINE_integer("epochs", 20, "Epochs (an epoch: num_sentences / batch_size steps).",
                          lower_bound=1, **d)
@@ -231,7 +244,8 @@ def build_config(f, images, text) -> FragmentEmbeddingConfig:
         word_dim=text.word_vectors.dim, embed_dim=f.embed_dim,
         shared_relation_weights=f.shared_relation_weights, global_weight=f.global_weight,
         weight_decay=f.weight_decay, global_margin=f.global_margin, smoothing=f.smoothing,
-        normaliser=f.normaliser, class_balanced=f.class_balanced,
+        normaliser=f.normaliser, class_balanced=f.class_balanced, mil_zero_score=f.mil_zero_score,
+        global_score=f.global_score, decay_biases=f.decay_biases,
         use_fragment_objective=f.fragment_objective and f.representation != "devise",
         use_global_objective=f.global_objective or f.representation == "devise",
         representation=f.representation, image_head_dim=int(train.head[0].shape[1]) if head else 0,
@@ -311,7 +325,7 @@ def embed_split(model, image_inputs, image_mask: np.ndarray, fragments, chunk: i
 def evaluate(model, image_inputs, image_mask, fragments, caption_image, protocol: str) -> dict:
     v, vm, s, row_splits = embed_split(model, image_inputs, image_mask, fragments)
     return evaluate_fragment_retrieval(v, vm, s, row_splits, caption_image, protocol,
-                                       smoothing=model.config.smoothing, normaliser=model.config.normaliser)
+                                       **model.config.score_options())
 
 
 # ---------------------------------------------------------------------------- one row

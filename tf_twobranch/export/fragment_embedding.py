@@ -14,8 +14,8 @@ Signatures (inputs validated in the graph, see `tf_twobranch.export.serving`):
   look-up. A fragment whose three strings are all empty (or whitespace) is
   padding and embeds to zeros.
 * ``score(image_fragments, image_mask: bool[Bi, M], relation, word1, word2, sentence_mask: bool[Bs, F])``
-  → ``scores`` (Bi, Bs): S_kl of eq. 6 with the model's ``smoothing`` and
-  ``normaliser`` (`tf_twobranch.losses.fragment.global_scores`).
+  → ``scores`` (Bi, Bs): S_kl of eq. 6 with the model's ``smoothing``,
+  ``normaliser`` and ``global_score`` (`tf_twobranch.losses.fragment.global_scores`).
 * ``alignment(...the inputs of score...)`` → ``fragment_scores`` (Bi, M, Bs, F):
   vᵢᵀsⱼ, 0 where either fragment is padding (the alignment matrices of the
   paper's Figs. 4–5).
@@ -112,8 +112,7 @@ class FragmentServingModule(tf.Module):
         self.word_names = _check_names(words, "words", cfg.vocabulary_size, "vocabulary_size")
         self.image_dim = int(cfg.image_dim)
         self.embed_dim = int(cfg.embed_dim)
-        self.smoothing = float(cfg.smoothing)
-        self.normaliser = cfg.normaliser
+        self.score_options = cfg.score_options()
         self.config_json = tf.Variable(json.dumps(cfg.to_dict(), sort_keys=True), trainable=False,
                                        name="model_config")
         self.relations = tf.Variable(self.relation_names, trainable=False, dtype=tf.string, name="relations")
@@ -159,8 +158,7 @@ class FragmentServingModule(tf.Module):
             v, image_mask, s, sentence_mask = self._pair(image_fragments, image_mask, relation, word1, word2,
                                                          sentence_mask)
             return {"scores": fragment_losses.global_scores(v, image_mask, s, sentence_mask,
-                                                            smoothing=self.smoothing,
-                                                            normaliser=self.normaliser)}
+                                                            **self.score_options)}
 
         @tf.function(input_signature=pair_specs, autograph=False)
         def alignment(image_fragments, image_mask, relation, word1, word2, sentence_mask):

@@ -8,7 +8,11 @@
   ``shared_relation_weights=True``).
 * Objective (eq. 3): C_F + β·C_G + α‖θ‖² (`tf_twobranch.losses.fragment`),
   C_F the fragment alignment objective with MIL labels once ``mil`` is on
-  (the experiment switches it on for the paper's second stage).
+  (the experiment switches it on for the paper's second stage). θ holds the
+  trainable kernels, and with ``decay_biases`` the biases too (the paper's
+  ‖θ‖² and the authors' code, whose biases are columns of its matrices).
+  The objective is computed in float32 (the variables' dtype) whatever the
+  compute dtype of the towers (Keras mixed precision).
 * CNN fine-tuning (§4, the second stage): with ``image_head_dim`` the image
   input is the activation *below* the CNN's top layer and the model owns that
   layer (`image_head`, initialised from the CNN, frozen in the first stage),
@@ -31,6 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_twobranch.batching import unpack_batch
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses import fragment as fragment_losses
@@ -56,6 +61,9 @@ class FragmentEmbeddingConfig:
     smoothing: float = 5.0         # n of eq. 6
     normaliser: str = "paper"      # "paper": 1/(|g_k|(|g_l|+n)); "code": 1/(|g_l|+n)
     class_balanced: bool = False   # the code's weighting of C_0
+    mil_zero_score: str = "negative"   # "ignored": the code's sign(0) = 0, such pairs unweighted
+    global_score: str = "sum_relu"     # S_kl's accumulation (losses.fragment.GLOBAL_SCORES)
+    decay_biases: bool = False     # α‖θ‖² over the biases too (the paper, the code)
     use_fragment_objective: bool = True
     use_global_objective: bool = True
     representation: str = "fragments"   # "devise": one mean fragment per side (§4.1)
@@ -69,6 +77,12 @@ class FragmentEmbeddingConfig:
         if self.normaliser not in fragment_losses.NORMALISERS:
             raise ConfigError(f"normaliser must be one of {fragment_losses.NORMALISERS}, "
                               f"got {self.normaliser!r}")
+        if self.mil_zero_score not in fragment_losses.MIL_ZERO_SCORES:
+            raise ConfigError(f"mil_zero_score must be one of {fragment_losses.MIL_ZERO_SCORES}, "
+                              f"got {self.mil_zero_score!r}")
+        if self.global_score not in fragment_losses.GLOBAL_SCORES:
+            raise ConfigError(f"global_score must be one of {fragment_losses.GLOBAL_SCORES}, "
+                              f"got {self.global_score!r}")
         if not (self.use_fragment_objective or self.use_global_objective):
             raise ConfigError("at least one of the fragment and global objectives must be on")
         if self.representation not in REPRESENTATIONS:
@@ -80,6 +94,10 @@ class FragmentEmbeddingConfig:
     def joint_dim(self) -> int:
         """Size of the fragment embeddings: h, or the word-vector size for DeViSE."""
         return self.word_dim if self.representation == "devise" else self.embed_dim
+
+    def score_options(self) -> dict:
+        """S_kl's settings, as `global_scores` and the retrieval scorer take them."""
+        return {"smoothing": self.smoothing, "normaliser": self.normaliser, "global_score": self.global_score}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -182,16 +200,25 @@ class FragmentEmbeddingModel(keras.Model):
         return self
 
     # ------------------------------------------------------------------ towers
+    @property
+    def output_dtype(self):
+        """The variables' dtype: embeddings, scores and the objective leave the towers in it.
+
+        Under a mixed policy the towers compute in bfloat16/float16 and the
+        rest stays float32, as Keras expects of losses.
+        """
+        return tf.as_dtype(self.dtype_policy.variable_dtype)
+
     def embed_image_fragments(self, image_fragments, training=False):
         """v of every image fragment: (..., image_dim) CNN inputs -> (..., joint_dim)."""
         x = image_fragments
         if self.image_head is not None:
             x = self.image_head(x, training=training)
-        return self.image_projection(x, training=training)
+        return tf.cast(self.image_projection(x, training=training), self.output_dtype)
 
     def embed_sentence_fragments(self, relation, word1, word2, training=False):
         """s of every sentence fragment (eq. 1)."""
-        return self.sentence_encoder(relation, word1, word2, training=training)
+        return tf.cast(self.sentence_encoder(relation, word1, word2, training=training), self.output_dtype)
 
     def embed_images(self, image_fragments, image_mask, training=False):
         """(v (B, M, h), mask (B, M)); DeViSE: one fragment, the mean CNN feature, (B, 1, h)."""
@@ -209,7 +236,8 @@ class FragmentEmbeddingModel(keras.Model):
         if self.config.representation != "devise":
             return (self.embed_sentence_fragments(relation, word1, word2, training),
                     tf.cast(sentence_mask, tf.bool))
-        words = tf.math.l2_normalize(tf.gather(self.sentence_encoder.word_vectors, word1), axis=-1)
+        words = tf.math.l2_normalize(tf.cast(tf.gather(self.sentence_encoder.word_vectors, word1),
+                                             self.output_dtype), axis=-1)
         weights = tf.cast(sentence_mask, words.dtype)[..., None]
         mean = tf.reduce_sum(words * weights, axis=1, keepdims=True) / tf.maximum(
             tf.reduce_sum(weights, axis=1, keepdims=True), 1.0)
@@ -219,21 +247,23 @@ class FragmentEmbeddingModel(keras.Model):
         v, vm = self.embed_images(inputs["image_fragments"], inputs["image_mask"], training)
         s, sm = self.embed_sentences(inputs["relation"], inputs["word1"], inputs["word2"],
                                      inputs["sentence_mask"], training)
-        return fragment_losses.global_scores(v, vm, s, sm, smoothing=self.config.smoothing,
-                                             normaliser=self.config.normaliser)
+        return fragment_losses.global_scores(v, vm, s, sm, **self.config.score_options())
 
     # ------------------------------------------------------------------ loss
     def objective(self, batch, training=True) -> dict:
+        """C_F, C_G, ‖θ‖² (the decayed weights') and the loss C_F + β·C_G + α‖θ‖², in `output_dtype`."""
         c = self.config
         v, image_mask = self.embed_images(batch["image_fragments"], batch["image_mask"], training)
         s, sentence_mask = self.embed_sentences(batch["relation"], batch["word1"], batch["word2"],
                                                 batch["sentence_mask"], training)
         scores = fragment_losses.fragment_scores(v, s)
-        terms = {"fragment_objective": tf.constant(0.0), "global_objective": tf.constant(0.0)}
+        zero = tf.zeros((), self.output_dtype)
+        terms = {"fragment_objective": zero, "global_objective": zero}
         if c.use_fragment_objective:
             labels = tf.cond(self.mil,
                              lambda: fragment_losses.fragment_alignment_labels(
-                                 scores, image_mask, sentence_mask, mil=True),
+                                 scores, image_mask, sentence_mask, mil=True,
+                                 mil_zero_score=c.mil_zero_score),
                              lambda: fragment_losses.fragment_alignment_labels(
                                  scores, image_mask, sentence_mask, mil=False))
             terms["fragment_objective"] = fragment_losses.fragment_alignment_objective(
@@ -241,17 +271,22 @@ class FragmentEmbeddingModel(keras.Model):
                 margin=c.fragment_margin, class_balanced=c.class_balanced)
         if c.use_global_objective:
             global_scores = fragment_losses.global_scores_from_fragment_scores(
-                scores, image_mask, sentence_mask, smoothing=c.smoothing,
-                normaliser=c.normaliser)
+                scores, image_mask, sentence_mask, **c.score_options())
             terms["global_objective"] = fragment_losses.global_ranking_objective(
                 global_scores, margin=c.global_margin)
-        regulariser = tf.add_n([tf.reduce_sum(tf.square(w)) for w in self.trainable_weights
-                                if "bias" not in w.path])
+        terms["regulariser"] = tf.add_n([zero] + [tf.reduce_sum(tf.square(tf.cast(w, self.output_dtype)))
+                                                  for w in self.decayed_weights])
         terms["loss"] = (terms["fragment_objective"] + c.global_weight * terms["global_objective"]
-                         + c.weight_decay * regulariser)
+                         + c.weight_decay * terms["regulariser"])
         return terms
 
+    @property
+    def decayed_weights(self) -> list:
+        """The weights of α‖θ‖²: every trainable weight, or its kernels only (``decay_biases=False``)."""
+        return [w for w in self.trainable_weights if self.config.decay_biases or "bias" not in w.path]
+
     def train_step(self, data):
+        data = unpack_batch(data)
         with tf.GradientTape() as tape:
             terms = self.objective(data, training=True)
             scaled = self.optimizer.scale_loss(terms["loss"])
@@ -265,7 +300,7 @@ class FragmentEmbeddingModel(keras.Model):
         return self._track(terms)
 
     def test_step(self, data):
-        return self._track(self.objective(data, training=False))
+        return self._track(self.objective(unpack_batch(data), training=False))
 
     def _track(self, terms):
         self.loss_tracker.update_state(terms["loss"])
