@@ -16,8 +16,8 @@ blocks of images), and S_kl = Σ_{j∈g_l} A_{k,u(j)} / normaliser (a sparse
 count matrix). Every accumulation of `tf_twobranch.losses.fragment.GLOBAL_SCORES`
 (Σ or max over the image's fragments, with or without the ReLU) is a
 function of the image and the row u alone, so each takes the same path with
-its own A_ku (`accumulate_image_fragments`, the training objective's). The result is the double sum exactly (summed in another
-order); memory is bounded by ``image_chunk × M × fragment_chunk`` floats and
+its own A_ku (`accumulate_image_fragments`, the training objective's). The
+result is the double sum exactly (summed in another order); memory is bounded by ``image_chunk × M × fragment_chunk`` floats and
 the (images × window) block the core asks for, whatever the test size.
 Identical captions get bit-identical scores (the same distinct rows, summed
 in the same order), so the core's tie rule sees them as ties.
