@@ -1,0 +1,114 @@
+"""Issue 23 (items 1, 2, 9, 11, 12): text-file inputs that slipped through.
+
+Files with a UTF-8 byte-order mark load the same data as without it; rows
+that cannot be parsed consistently, empty caption files, binary word2vec files
+whose header disagrees with their records and misnamed settings are one
+`UserInputError` naming the file, the line or record, and what was expected.
+"""
+import codecs
+
+import numpy as np
+import pytest
+
+from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors, save_word_vectors
+from tf_twobranch.errors import DataFormatError
+
+BOM = codecs.BOM_UTF8
+
+
+def _with_bom(path, clean):
+    """A copy of `clean` that starts with a UTF-8 byte-order mark."""
+    path.write_bytes(BOM + clean.read_bytes())
+    return path
+
+
+def _vectors(num_words=3, dim=4, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["the", "dog", "café", "runs", "x"][:num_words]
+    return WordVectors(words, rng.normal(size=(num_words, dim)).astype(np.float32))
+
+
+def _write_glove(path, rows):
+    path.write_text("".join(f"{word} {' '.join(map(str, values))}\n" for word, values in rows),
+                    encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------ item 1: BOM in word-vector files
+
+@pytest.mark.parametrize("layout", ["word2vec_text", "glove"])
+def test_word_vector_text_file_with_a_bom_loads_the_same_words_and_vectors(tmp_path, layout):
+    wv = _vectors()
+    clean = tmp_path / "clean.txt"
+    if layout == "word2vec_text":
+        save_word_vectors(clean, wv, binary=False)
+    else:
+        _write_glove(clean, [(w, v.tolist()) for w, v in zip(wv.words, wv.vectors)])
+    with_bom = _with_bom(tmp_path / "bom.txt", clean)
+    expected, loaded = load_word_vectors(clean), load_word_vectors(with_bom)
+    assert loaded.words == expected.words == wv.words
+    np.testing.assert_array_equal(loaded.vectors, expected.vectors)
+    # Restricted to a vocabulary (how the experiments read them), the first word is kept too.
+    assert load_word_vectors(with_bom, vocabulary={"the", "runs"}).words == ["the"]
+
+
+# ------------------------------------------------------------ item 2: rows that do not parse
+
+def test_glove_row_with_one_number_too_many_names_file_line_and_dimension(tmp_path):
+    path = _write_glove(tmp_path / "glove.txt", [("man", [0.1, 0.2]), ("woman", [0.1, 0.3, 0.4])])
+    with pytest.raises(DataFormatError) as info:
+        load_word_vectors(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}, line 2: ")
+    assert "expected a word followed by 2 numbers (the dimension of line 1)" in message
+    assert "found 3 numbers after 'woman'" in message
+
+
+def test_glove_words_with_spaces_still_load(tmp_path):
+    # glove.840B holds a few words with spaces; none ends in a number.
+    rows = [("the", [0.1, 0.2]), (". . .", [0.3, 0.4]), ("at name@domain.com", [0.5, 0.6])]
+    loaded = load_word_vectors(_write_glove(tmp_path / "glove.txt", rows))
+    assert loaded.words == ["the", ". . .", "at name@domain.com"]
+    np.testing.assert_allclose(loaded["at name@domain.com"], [0.5, 0.6])
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_word_vector_row_of_nan_names_file_line_and_word(tmp_path, value):
+    path = _write_glove(tmp_path / "glove.txt", [("man", [0.1, 0.2]), ("woman", [value, 0.3])])
+    with pytest.raises(DataFormatError, match=rf"^{path}, line 2: the vector of word 'woman' holds "
+                                              rf"{value} \(expected finite numbers\)"):
+        load_word_vectors(path)
+
+
+def test_binary_word2vec_nan_names_the_record(tmp_path):
+    wv = _vectors()
+    wv.vectors[1, 2] = np.nan
+    path = tmp_path / "v.bin"
+    save_word_vectors(path, wv, binary=True)
+    with pytest.raises(DataFormatError, match=r"v\.bin, record 1: the vector of word 'dog' holds nan"):
+        load_word_vectors(path)
+
+
+# ------------------------------------------------------------ item 9: binary header dimension
+
+@pytest.mark.parametrize("header_dim", [4, 6])
+def test_binary_word2vec_header_dimension_that_disagrees_with_records_is_not_called_truncated(
+        tmp_path, header_dim):
+    path = tmp_path / "vectors.bin"
+    save_word_vectors(path, _vectors(dim=5), binary=True)
+    path.write_bytes(path.read_bytes().replace(b"3 5\n", f"3 {header_dim}\n".encode(), 1))
+    with pytest.raises(DataFormatError) as info:
+        load_word_vectors(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}, record 0: the header says dimension {header_dim}, but the "
+                              "record sizes disagree")
+    assert f"first word 'the' is followed by 5 float32 values, not {header_dim}" in message
+    assert "truncated" not in message
+
+
+def test_binary_word2vec_really_truncated_is_still_called_truncated(tmp_path):
+    path = tmp_path / "vectors.bin"
+    save_word_vectors(path, _vectors(dim=5), binary=True)
+    path.write_bytes(path.read_bytes()[:-7])
+    with pytest.raises(DataFormatError, match=r"vectors\.bin, record 2: file is truncated inside record 2"):
+        load_word_vectors(path)
