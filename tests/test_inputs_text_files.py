@@ -112,3 +112,38 @@ def test_binary_word2vec_really_truncated_is_still_called_truncated(tmp_path):
     path.write_bytes(path.read_bytes()[:-7])
     with pytest.raises(DataFormatError, match=r"vectors\.bin, record 2: file is truncated inside record 2"):
         load_word_vectors(path)
+
+
+# ------------------------------------------------------------ item 12: BOM in every text reader
+
+ENTITIES_SENTENCES = ("[/EN#18/people A man] in [/EN#19/clothing an orange hat] starring at "
+                      "[/EN#0/notvisual something] .\n"
+                      "[/EN#18/people A man] wears [/EN#19/clothing an orange hat] .\n")
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_entities_sentence_file_with_a_bom_reads_the_same_sentences(tmp_path, newline):
+    from tf_twobranch.data.formats.flickr30k_entities import read_sentence_file
+
+    clean = tmp_path / "clean.txt"
+    clean.write_bytes(ENTITIES_SENTENCES.encode("utf-8"))
+    with_bom = tmp_path / "1000.txt"
+    with_bom.write_bytes(BOM + ENTITIES_SENTENCES.replace("\n", newline).encode("utf-8"))
+    expected, loaded = read_sentence_file(clean), read_sentence_file(with_bom)
+    assert [s.words for s in loaded] == [s.words for s in expected]
+    assert loaded[0].words[:2] == ["A", "man"]
+    assert ([(p.text, p.chain_id, p.phrase_types, p.first_word_index) for s in loaded for p in s.phrases]
+            == [(p.text, p.chain_id, p.phrase_types, p.first_word_index) for s in expected for p in s.phrases])
+
+
+def test_text_proposal_file_with_a_bom_reads_the_same_boxes(tmp_path):
+    from tf_twobranch.data.formats.proposals import read_proposals
+
+    rows = "0 0 10 12 0.9\n2 3 20 30 0.5\n"
+    for folder, data in (("clean", rows.encode()), ("bom", BOM + rows.replace("\n", "\r\n").encode())):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "1000.txt").write_bytes(data)
+    expected = read_proposals(tmp_path / "clean", return_scores=True)
+    loaded = read_proposals(tmp_path / "bom", return_scores=True)
+    np.testing.assert_array_equal(loaded[0]["1000"], expected[0]["1000"])
+    np.testing.assert_array_equal(loaded[1]["1000"], expected[1]["1000"])
