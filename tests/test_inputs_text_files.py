@@ -6,12 +6,15 @@ whose header disagrees with their records and misnamed settings are one
 `UserInputError` naming the file, the line or record, and what was expected.
 """
 import codecs
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors, save_word_vectors
-from tf_twobranch.errors import DataFormatError
+from tf_twobranch.errors import DataFormatError, UserInputError
 
 BOM = codecs.BOM_UTF8
 
@@ -147,3 +150,77 @@ def test_text_proposal_file_with_a_bom_reads_the_same_boxes(tmp_path):
     loaded = read_proposals(tmp_path / "bom", return_scores=True)
     np.testing.assert_array_equal(loaded[0]["1000"], expected[0]["1000"])
     np.testing.assert_array_equal(loaded[1]["1000"], expected[1]["1000"])
+
+
+def _flagfile_fixture(tmp_path, name, lines, *, bom, newline="\n"):
+    path = tmp_path / name
+    path.write_bytes((BOM if bom else b"") + newline.join(lines).encode("utf-8") + newline.encode())
+    return path
+
+
+def test_row_flagfile_with_a_bom_parses_the_same_flags(tmp_path):
+    from experiments import common, instance_loss
+
+    nested = ["// the Stage II length", "--stage2_epochs=2"]
+    values = []
+    for bom, newline in ((False, "\n"), (True, "\n"), (True, "\r\n")):
+        inner = _flagfile_fixture(tmp_path, f"inner_{bom}_{len(newline)}.cfg", nested, bom=bom, newline=newline)
+        outer = _flagfile_fixture(tmp_path, f"outer_{bom}_{len(newline)}.cfg",
+                                  ["--stage1_epochs=3", "# a comment", f"--flagfile={inner}", "--seed=7"],
+                                  bom=bom, newline=newline)
+        fv = common.parse_flagfile(instance_loss.define_flags, str(outer))
+        values.append((fv.stage1_epochs, fv.stage2_epochs, fv.seed))
+    assert values == [(3, 2, 7)] * 3
+    # A line that is no flag would otherwise be dropped without a word.
+    stray = _flagfile_fixture(tmp_path, "stray.cfg", ["--seed=7", "stage1_epochs=3"], bom=True)
+    with pytest.raises(UserInputError, match=rf"{stray}: 'stage1_epochs=3' is not a flag \(in {stray}, "
+                                             r"line 2\); expected --name=value"):
+        common.parse_flagfile(instance_loss.define_flags, str(stray))
+
+
+def test_flag_errors_name_the_flagfile_line_where_the_flag_was_written(tmp_path):
+    from experiments import common, instance_loss
+
+    inner = _flagfile_fixture(tmp_path, "inner.cfg", ["--seed=1", "--epochs=2"], bom=True)
+    outer = _flagfile_fixture(tmp_path, "outer.cfg", ["--stage1_epochs=3", f"--flagfile={inner}"], bom=True)
+    with pytest.raises(UserInputError) as info:
+        common.parse_flagfile(instance_loss.define_flags, str(outer))
+    assert str(info.value) == (f"{outer}: Unknown command line flag 'epochs' (in {inner}, line 2); "
+                               "did you mean --stage1_epochs or --stage2_epochs?")
+    # A flag passed to every row is not blamed on the row's flagfile lines.
+    with pytest.raises(UserInputError, match=r"'epochs' \(among the flags passed to every row\)"):
+        common.parse_flagfile(instance_loss.define_flags, str(outer), ["--epochs=1"])
+    missing = tmp_path / "missing.cfg"
+    with pytest.raises(UserInputError, match=rf"{missing}: file does not exist"):
+        common.parse_flagfile(instance_loss.define_flags, str(missing))
+
+
+def _run_experiment(module, *args):
+    from experiments import common
+
+    return subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], capture_output=True,
+                          text=True, cwd=common.REPO_ROOT, timeout=180)
+
+
+def _error_line(proc):
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_retrieval_table_reads_rows_from_a_flagfile_with_a_bom(tmp_path):
+    # --rows in the runner's flagfile reaches the runner: the unknown row is named, no other
+    # flagfile is blamed for an unknown flag 'rows'.
+    runner = _flagfile_fixture(tmp_path, "runner.cfg", ["# runner", "--rows=no_such_row", "--epochs=1"],
+                               bom=True, newline="\r\n")
+    assert _error_line(_run_experiment("retrieval_table", f"--flagfile={runner}")) == (
+        "error: flagfile 'no_such_row' not found (looked in "
+        f"{pathlib.Path(__file__).resolve().parents[1] / 'experiments' / 'configs'})")
+
+
+def test_unknown_flag_suggests_the_flags_that_replaced_it():
+    assert _error_line(_run_experiment("instance_loss", "--epochs=1")) == (
+        "error: Unknown command line flag 'epochs' (on the command line); "
+        "did you mean --stage1_epochs or --stage2_epochs?")
