@@ -224,3 +224,34 @@ def test_unknown_flag_suggests_the_flags_that_replaced_it():
     assert _error_line(_run_experiment("instance_loss", "--epochs=1")) == (
         "error: Unknown command line flag 'epochs' (on the command line); "
         "did you mean --stage1_epochs or --stage2_epochs?")
+
+
+# ------------------------------------------------------------ item 9: empty caption files
+
+@pytest.mark.parametrize("content", [b"", b"\n  \n", BOM + b"\r\n"])
+def test_empty_token_file_is_named_as_empty_not_as_unknown_split_ids(tmp_path, content):
+    from tf_twobranch.data.retrieval_data import load_caption_splits
+
+    token = tmp_path / "results_20130124.token"
+    token.write_bytes(content)
+    (tmp_path / "train.txt").write_text("1000\n1001\n")
+    (tmp_path / "test.txt").write_text("1002\n")
+    with pytest.raises(DataFormatError) as info:
+        load_caption_splits(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{token}: the caption file is empty (expected one "
+                              "'<image>.jpg#<k><TAB><caption>' line per caption)")
+    assert "train.txt" not in message
+
+
+def test_empty_caption_json_files_are_named_as_empty(tmp_path):
+    from tf_twobranch.data.formats import read_coco_captions, read_karpathy_json
+
+    karpathy = tmp_path / "dataset_flickr30k.json"
+    karpathy.write_text('{"images": []}')
+    with pytest.raises(DataFormatError, match=rf"^{karpathy}, record 'images': the caption file is empty"):
+        read_karpathy_json(karpathy)
+    coco = tmp_path / "captions_train2014.json"
+    coco.write_text('{"images": [{"id": 1}], "annotations": []}')
+    with pytest.raises(DataFormatError, match=rf"^{coco}, record 'annotations': the caption file is empty"):
+        read_coco_captions(coco)
