@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors, save_word_vectors
-from tf_twobranch.errors import DataFormatError, UserInputError
+from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
 BOM = codecs.BOM_UTF8
 
@@ -255,3 +255,23 @@ def test_empty_caption_json_files_are_named_as_empty(tmp_path):
     coco.write_text('{"images": [{"id": 1}], "annotations": []}')
     with pytest.raises(DataFormatError, match=rf"^{coco}, record 'annotations': the caption file is empty"):
         read_coco_captions(coco)
+
+
+# ------------------------------------------------------------ item 11: errors that name real flags
+
+def test_fisher_pca_larger_than_the_training_captions_names_the_pca_dim_flag(tmp_path):
+    from tf_twobranch.features.prepare import FeatureSpec, fit_text_encoder
+
+    words = ["a", "dog", "runs", "cat", "sits", "red", "ball"]
+    glove = _write_glove(tmp_path / "glove.txt",
+                         [(w, _vectors(1, 4, seed=i).vectors[0].tolist()) for i, w in enumerate(words)])
+    captions = [["a", "dog", "runs"], ["a", "cat", "sits"], ["a", "red", "ball"], ["dog", "sits"],
+                ["cat", "runs"]]
+    spec = FeatureSpec(text_encoder="fisher_hglmm", word_vectors=str(glove), fisher_components=2, pca_dim=8)
+    with pytest.raises(ConfigError) as info:
+        fit_text_encoder(spec, captions)  # 2 x 2 x 4 = 16-d Fisher vectors: PCA to 8 applies
+    message = str(info.value)
+    assert message.startswith("--pca_dim=8 is larger than the 5 training sentences the PCA of the "
+                              "Fisher vectors is fitted on")
+    assert "lower --pca_dim to at most 5" in message
+    assert "pca_max_sentences" not in message  # not a flag, and not what limits it here
