@@ -275,3 +275,17 @@ def test_fisher_pca_larger_than_the_training_captions_names_the_pca_dim_flag(tmp
                               "Fisher vectors is fitted on")
     assert "lower --pca_dim to at most 5" in message
     assert "pca_max_sentences" not in message  # not a flag, and not what limits it here
+
+
+def test_run_folder_json_with_a_bom_reads_the_same_and_bad_bytes_name_the_line(tmp_path):
+    from tf_twobranch.json_files import read_json_object
+
+    clean, with_bom, latin1 = tmp_path / "clean.json", tmp_path / "bom.json", tmp_path / "latin1.json"
+    clean.write_text('{"task": "two_branch",\n "row": "café"}\n', encoding="utf-8")
+    with_bom.write_bytes(BOM + clean.read_bytes().replace(b"\n", b"\r\n"))
+    assert read_json_object(with_bom, "run configuration") == read_json_object(clean, "run configuration")
+    latin1.write_bytes('{"task": "two_branch",\n "row": "café"}\n'.encode("latin-1"))
+    with pytest.raises(DataFormatError, match=rf"^{latin1}, line 2: is not valid UTF-8 text"):
+        read_json_object(latin1, "run configuration")
+    with pytest.raises(DataFormatError, match=rf"^{tmp_path / 'none.json'}: run configuration file does not exist"):
+        read_json_object(tmp_path / "none.json", "run configuration")
