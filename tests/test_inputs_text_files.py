@@ -289,3 +289,14 @@ def test_run_folder_json_with_a_bom_reads_the_same_and_bad_bytes_name_the_line(t
         read_json_object(latin1, "run configuration")
     with pytest.raises(DataFormatError, match=rf"^{tmp_path / 'none.json'}: run configuration file does not exist"):
         read_json_object(tmp_path / "none.json", "run configuration")
+
+
+def test_tool_reads_a_flagfile_with_a_bom(tmp_path):
+    # Only the stray argument is left over: the flagfile's lines (comment first) were all read
+    # as flags, none as a positional argument starting with the byte-order mark.
+    tool_flags = _flagfile_fixture(tmp_path, "tool.cfg", ["# comment", f"--out_dir={tmp_path}"],
+                                   bom=True, newline="\r\n")
+    proc = subprocess.run([sys.executable, "-m", "tf_twobranch.tools.extract_text_features",
+                           f"--flagfile={tool_flags}", "stray_arg"], capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).resolve().parents[1], timeout=180)
+    assert _error_line(proc) == "error: unexpected arguments ['stray_arg']"
