@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import keras
 from absl import flags
 
-from tf_twobranch import distribute, json_files
+from tf_twobranch import cli, distribute, json_files
 from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 from tf_twobranch.speed import set_precision
@@ -24,15 +24,21 @@ def parse_flagfile(define: Callable[[flags.FlagValues], None], flagfile: str,
 
     Lets one process run several table rows without the rows' flags leaking
     into each other. Unknown flags and out-of-range values raise
-    UserInputError naming the flagfile.
+    UserInputError naming the flagfile and line, or the overrides, where the
+    flag was written.
     """
     fv = flags.FlagValues()
     define(fv)
+    arguments = [*cli.expand_flagfiles([f"--flagfile={flagfile}"]),
+                 *cli.expand_flagfiles(overrides, origin="among the flags passed to every row")]
     try:
-        argv = fv.read_flags_from_files([f"--flagfile={flagfile}", *overrides])
-        fv(["row", *argv])
-    except (flags.Error, OSError) as e:
-        raise UserInputError(f"{flagfile}: {e}") from None
+        leftover = fv(["row", *(a.text for a in arguments)])[1:]
+    except flags.Error as e:
+        raise UserInputError(f"{flagfile}: {cli.describe_flag_error(e, fv, arguments)}") from None
+    if leftover:
+        where = next(a.origin for a in arguments if a.text == leftover[0])
+        raise UserInputError(f"{flagfile}: {leftover[0]!r} is not a flag ({where}); expected "
+                             "--name=value")
     return fv
 
 

@@ -19,8 +19,9 @@ from absl import app, flags
 
 from experiments import common
 from experiments import image_sentence_retrieval as isr
-from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.cli import absl_main, exit_with_user_error, expand_flagfiles, parse_flags
 from tf_twobranch.data.embedded import default_dataset_dir
+from tf_twobranch.errors import UserInputError
 from tf_twobranch.speed import best_matmul_seconds
 
 FLAGS = flags.FLAGS
@@ -89,13 +90,19 @@ def _flag_name(arg: str) -> str:
     return arg.lstrip("-").split("=", 1)[0]
 
 
+def _expanded_argv(argv: list[str]) -> list[str]:
+    """`argv` with its flagfiles expanded: a flagfile given here may hold the runner's flags
+    (--rows) as well as flags for every row."""
+    return [argv[0], *(a.text for a in expand_flagfiles(argv[1:]))]
+
+
 def _row_overrides(argv: list[str]) -> list[str]:
     """Flags that belong to the rows: everything the runner (and absl) does not define."""
     return [a for a in argv[1:] if a.startswith("-") and _flag_name(a) not in FLAGS]
 
 
 def _main() -> None:
-    overrides = _row_overrides(sys.argv)
+    overrides = _row_overrides(_expanded_argv(sys.argv))
     runs_dir = pathlib.Path(FLAGS.runs_dir) if FLAGS.runs_dir else common.REPO_ROOT / "runs"
     every = sorted(common.CONFIG_DIR.glob(f"table{FLAGS.table}_*.cfg"))
     if FLAGS.rows == ["all"]:
@@ -149,10 +156,19 @@ def _absl_argv(argv: list[str]) -> list[str]:
     return [argv[0]] + [a for a in argv[1:] if not a.startswith("-") or _flag_name(a) in FLAGS]
 
 
+def _parse_runner_flags(argv: list[str]) -> list[str]:
+    """The runner's flags (from the command line or its flagfiles); row flags are parsed per row."""
+    try:
+        expanded = _expanded_argv(argv)
+    except UserInputError as err:
+        exit_with_user_error(err)
+    return parse_flags(_absl_argv(expanded))
+
+
 if __name__ == "__main__":
     define_flags()
     # app.run would define --help & co. only after the filter below: define them first, so
     # they count as the runner's own.
     app.define_help_flags()
     # Row flags are parsed per row (see _row_overrides); absl sees only its own.
-    app.run(main, argv=_absl_argv(sys.argv), flags_parser=parse_flags)
+    app.run(main, flags_parser=_parse_runner_flags)

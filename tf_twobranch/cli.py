@@ -1,12 +1,17 @@
 """Shared entry-point behaviour of the package's command-line tools."""
 from __future__ import annotations
 
+import os
+import re
 import sys
-from typing import Callable, NoReturn
+from typing import Callable, NamedTuple, NoReturn, Sequence
 
 from absl import flags
 
-from tf_twobranch.errors import UserInputError
+from tf_twobranch.data.formats._common import read_text
+from tf_twobranch.errors import ConfigError, UserInputError
+
+COMMAND_LINE = "on the command line"
 
 
 def exit_with_user_error(err: Exception) -> NoReturn:
@@ -27,15 +32,102 @@ def absl_main(run: Callable[[], object]) -> Callable[[list], None]:
     return main
 
 
+class Argument(NamedTuple):
+    """One command-line argument and where it was written (for error messages)."""
+    text: str
+    origin: str = COMMAND_LINE
+    flagfile: str | None = None
+
+
+def _flagfile_name(args: Sequence[str], index: int) -> tuple[str | None, int]:
+    """(file name, arguments used) when args[index] is a --flagfile directive, else (None, 1)."""
+    arg = args[index]
+    if arg in ("--flagfile", "-flagfile"):
+        if index + 1 == len(args):
+            raise ConfigError(f"{arg} needs a file name")
+        return os.path.expanduser(args[index + 1]), 2
+    for prefix in ("--flagfile=", "-flagfile="):
+        if arg.startswith(prefix):
+            return os.path.expanduser(arg[len(prefix):].strip()), 1
+    return None, 1
+
+
+def _flagfile_arguments(path: str, stack: tuple[str, ...]) -> list[Argument]:
+    if path in stack:
+        raise ConfigError(f"{path}: the flagfile includes itself (through {' -> '.join(stack)})")
+    arguments = []
+    # read_text, not absl's reader: a flagfile saved with a byte-order mark starts with it.
+    for line_number, line in enumerate(read_text(path).splitlines(), start=1):
+        text = line.strip()
+        if not text or text.startswith(("#", "//")):
+            continue
+        nested, _ = _flagfile_name([text], 0)
+        if nested is not None:
+            arguments += _flagfile_arguments(nested, (*stack, path)) if nested else []
+        else:
+            arguments.append(Argument(text, f"in {path}, line {line_number}", path))
+    return arguments
+
+
+def expand_flagfiles(args: Sequence[str], origin: str = COMMAND_LINE) -> list[Argument]:
+    """`args` with each ``--flagfile=F`` replaced by F's flags, as absl expands them (comments
+    '#' and '//', nested flagfiles, nothing after '--'), each flag with where it was written.
+
+    Flagfiles are read as UTF-8 with or without a byte-order mark; a missing or unreadable
+    one is a UserInputError naming it.
+    """
+    arguments, index = [], 0
+    while index < len(args):
+        if args[index] == "--":
+            arguments += [Argument(a, origin) for a in args[index:]]
+            break
+        path, used = _flagfile_name(args, index)
+        if path is None:
+            arguments.append(Argument(args[index], origin))
+        elif path:  # absl ignores an empty --flagfile=
+            arguments += _flagfile_arguments(path, ())
+        index += used
+    return arguments
+
+
+def _flag_name(text: str) -> str:
+    return text.lstrip("-").split("=", 1)[0]
+
+
+def describe_flag_error(err: flags.Error, fv: flags.FlagValues, arguments: Sequence[Argument]) -> str:
+    """absl's message with where the flag was written and, for an unknown flag, the defined
+    flags whose names contain it (e.g. --epochs -> --stage1_epochs, --stage2_epochs)."""
+    message = str(err)
+    name = getattr(err, "flagname", None)
+    if name is None:
+        found = re.search(r"flag --(\w+)", message)
+        name = found.group(1) if found else None
+    origins = [a.origin for a in arguments if name is not None and _flag_name(a.text) in (name, f"no{name}")]
+    if origins:
+        message += f" ({origins[-1]})"
+    else:
+        flagfiles = sorted({a.flagfile for a in arguments if a.flagfile})
+        if flagfiles:
+            message += f" (flags read from {', '.join(flagfiles)})"
+    if isinstance(err, flags.UnrecognizedFlagError) and "Did you mean" not in message:
+        similar = sorted(n for n in fv if name and len(name) > 2 and name in n and n != name)
+        if similar:
+            message += f"; did you mean {' or '.join(f'--{n}' for n in similar[:8])}?"
+    return message
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """`absl.app.run`'s flags_parser: a bad flag is one `error:` line and exit status 2.
 
-    absl's own parser prints a FATAL line and exits 1; a flag read from a
-    flagfile is reported with the flagfile's name.
+    absl's own parser prints a FATAL line and exits 1. Flagfiles are expanded
+    here (see `expand_flagfiles`), so the error names the flagfile and line
+    (or the command line) where the flag was written.
     """
     try:
-        return flags.FLAGS(argv)
+        arguments = expand_flagfiles(argv[1:])
+    except UserInputError as err:
+        exit_with_user_error(err)
+    try:
+        return flags.FLAGS([argv[0], *(a.text for a in arguments)])
     except flags.Error as err:
-        flagfiles = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--flagfile=")]
-        where = f" (flags read from {', '.join(flagfiles)})" if flagfiles else ""
-        exit_with_user_error(f"{err}{where}")
+        exit_with_user_error(describe_flag_error(err, flags.FLAGS, arguments))

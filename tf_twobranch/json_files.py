@@ -56,13 +56,12 @@ def write_json(path: str | os.PathLike, payload: Any, *, compact: bool = False) 
 def read_json_object(path: str | os.PathLike, what: str) -> dict:
     """The JSON object in `path`; DataFormatError naming the file (and line) when it is
     missing, malformed or not an object (`what` says what the file should hold)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except FileNotFoundError:
-        raise DataFormatError(path, f"{what} file does not exist") from None
-    except json.JSONDecodeError as err:
-        raise DataFormatError(path, f"malformed JSON ({err.msg})", line=err.lineno) from None
+    # Imported here: the format readers import this module for write_json.
+    from tf_twobranch.data.formats._common import read_json
+
+    if not os.path.exists(path):
+        raise DataFormatError(path, f"{what} file does not exist")
+    value = read_json(path)  # with or without a byte-order mark; bad UTF-8/JSON names the line
     if not isinstance(value, dict):
         raise DataFormatError(path, f"expected a JSON object ({what})")
     return value

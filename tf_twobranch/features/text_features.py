@@ -569,6 +569,8 @@ class FisherVectorEncoder(TextEncoder):
     def fit(self, token_lists: TokenLists) -> "FisherVectorEncoder":
         """Fits the mixture on training words, then (optionally) PCA on training FVs."""
         token_lists = _check_token_lists(token_lists)
+        if self.pca_dim is not None:
+            self._check_pca_dim(len(token_lists))
         rng = np.random.default_rng(self.seed)
         vocab = sorted({t for tokens in token_lists for t in tokens if t in self.word_vectors})
         if len(vocab) < self.num_components:
@@ -597,16 +599,34 @@ class FisherVectorEncoder(TextEncoder):
             self._fit_pca(token_lists, rng)
         return self
 
+    def _check_pca_dim(self, num_sentences: int) -> None:
+        """Refuses, before the slow fits, a PCA size that its training rows cannot give.
+
+        The experiments take pca_dim from the flag --pca_dim; pca_max_sentences is
+        no flag, so the message asks only for a smaller --pca_dim where it can.
+        """
+        if self.pca_dim > self.fv_dim:
+            raise ConfigError(
+                f"--pca_dim={self.pca_dim} is larger than the Fisher vector dimension {self.fv_dim} "
+                f"(2 x {self.num_components} components x {self.word_vectors.dim}-d word vectors); "
+                f"lower --pca_dim to at most {self.fv_dim}"
+            )
+        fitted_on = min(num_sentences, self.pca_max_sentences)
+        if self.pca_dim > fitted_on:
+            sample = ("" if num_sentences <= self.pca_max_sentences else
+                      f" (a sample of {fitted_on} of the {num_sentences}: the encoder's pca_max_sentences)")
+            raise ConfigError(
+                f"--pca_dim={self.pca_dim} is larger than the {fitted_on} training sentences the PCA of "
+                f"the Fisher vectors is fitted on{sample}; a PCA gives at most as many dimensions as "
+                f"it has sentences: lower --pca_dim to at most {fitted_on} (the papers' 6000 needs "
+                "at least 6000 training captions)"
+            )
+
     def _fit_pca(self, token_lists: list[list[str]], rng: np.random.Generator) -> None:
         if len(token_lists) > self.pca_max_sentences:
             chosen = np.sort(rng.choice(len(token_lists), self.pca_max_sentences, replace=False))
             token_lists = [token_lists[i] for i in chosen]
         max_dim = min(len(token_lists), self.fv_dim)
-        if self.pca_dim > max_dim:
-            raise ConfigError(
-                f"pca_dim={self.pca_dim} is larger than min(#PCA training sentences={len(token_lists)}, "
-                f"FV dimension={self.fv_dim}); lower pca_dim or raise pca_max_sentences"
-            )
         fvs = self._fisher_batches(token_lists)
         solver = "randomized" if self.pca_dim < 0.8 * max_dim else "full"
         pca = PCA(n_components=self.pca_dim, svd_solver=solver, random_state=self.seed)

@@ -19,7 +19,7 @@ import pathlib
 
 from absl import app, flags, logging
 
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.formats.features import save_feature_matrix
 from tf_twobranch.data.formats.splits import read_split_file
 from tf_twobranch.errors import ConfigError, DataFormatError
@@ -107,4 +107,4 @@ main = absl_main(run)
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -32,7 +32,7 @@ import time
 
 from absl import app, flags
 
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.formats.features import save_feature_matrix
 from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
 from tf_twobranch.data.formats.splits import read_split_file
@@ -212,4 +212,4 @@ main = absl_main(_run_with_logging)
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

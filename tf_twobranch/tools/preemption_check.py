@@ -30,7 +30,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-from tf_twobranch.cli import absl_main
+from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import ConfigError
 
 NUM_IMAGES = 64
@@ -212,4 +212,4 @@ def _run() -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(absl_main(_run))
+    app.run(absl_main(_run), flags_parser=parse_flags)

@@ -46,6 +46,9 @@ def read_coco_captions(path: str | os.PathLike) -> CocoCaptionCorpus:
     for key in ("images", "annotations"):
         if not isinstance(data[key], list):
             raise DataFormatError(path, f"{key!r} must be a list", record=key)
+        if not data[key]:
+            raise DataFormatError(path, f"the caption file is empty: {key!r} is an empty list "
+                                  "(expected a COCO captions file, e.g. captions_train2014.json)", record=key)
     grouped: dict[str, list[str]] = {}
     file_names: dict[str, str] = {}
     sizes: dict[str, tuple[int, int]] = {}

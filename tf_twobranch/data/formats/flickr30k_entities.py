@@ -50,6 +50,7 @@ from typing import Iterable
 import numpy as np
 
 from tf_twobranch.boxes import validate_boxes
+from tf_twobranch.data.formats._common import read_text
 from tf_twobranch.data.formats.splits import read_split_file
 from tf_twobranch.errors import DataFormatError
 
@@ -186,29 +187,14 @@ def parse_sentence_line(line: str, *, path="<string>", line_number: int | None =
     return EntitySentence(" ".join(words), words, phrases, line=line_number)
 
 
-def _not_utf8_error(path) -> DataFormatError:
-    """The error for a file that is not UTF-8, naming the line of the first bad byte."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        return DataFormatError(path, f"not UTF-8 text (byte {error.start}: {error.reason})", line=line)
-    return DataFormatError(path, "not UTF-8 text")
-
-
 def read_sentence_file(path) -> list[EntitySentence]:
     """Reads ``Sentences/<image id>.txt`` into one EntitySentence per non-empty line."""
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            content = handle.read()
-    except FileNotFoundError:
-        raise DataFormatError(path, "sentence file not found (expected Sentences/<image id>.txt)") from None
-    except UnicodeDecodeError:
-        raise _not_utf8_error(path) from None
+    if not os.path.exists(path):
+        raise DataFormatError(path, "sentence file not found (expected Sentences/<image id>.txt)")
     sentences = []
-    for line_number, line in enumerate(content.split("\n"), start=1):
+    # Universal newlines, as Python's text mode reads them: files saved on Windows end in CRLF.
+    text = read_text(path).replace("\r\n", "\n").replace("\r", "\n")
+    for line_number, line in enumerate(text.split("\n"), start=1):
         if not line:
             continue
         sentences.append(parse_sentence_line(line, path=path, line_number=line_number))

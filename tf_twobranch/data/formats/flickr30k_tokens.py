@@ -18,7 +18,8 @@ def read_token_file(path: str | os.PathLike) -> CaptionCorpus:
     """Reads a token file into a CaptionCorpus (images in order of first appearance).
 
     Blank lines are skipped; captions are stripped of surrounding white space.
-    Raises DataFormatError (with the line number) for a line without a tab,
+    Raises DataFormatError for a file without captions, and (with the line
+    number) for a line without a tab,
     a file name without ``#<k>`` or with a non-numeric ``k``, a repeated
     ``(image, k)``, or an empty caption.
     """
@@ -48,6 +49,10 @@ def read_token_file(path: str | os.PathLike) -> CaptionCorpus:
             raise DataFormatError(path, f"caption {file_name}#{number} occurs twice", line=line_number)
         seen_numbers.add(key)
         grouped.setdefault(image_id, []).append(caption)
+    if not grouped:
+        # Refused here: an empty corpus would surface later as "unknown image id" in a split list.
+        raise DataFormatError(path, "the caption file is empty (expected one "
+                              "'<image>.jpg#<k><TAB><caption>' line per caption)")
     return CaptionCorpus._from_grouped(grouped, path)
 
 

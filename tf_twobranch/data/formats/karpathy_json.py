@@ -53,6 +53,9 @@ def read_karpathy_json(path: str | os.PathLike, *,
     images = data["images"]
     if not isinstance(images, list):
         raise DataFormatError(path, "'images' must be a list", record="images")
+    if not images:
+        raise DataFormatError(path, "the caption file is empty: 'images' lists no image (expected "
+                              "one record per image with its split and sentences)", record="images")
     grouped: dict[str, dict[str, list[str]]] = {}
     split_of: dict[str, str] = {}
     for i, image in enumerate(images):

@@ -43,6 +43,7 @@ import h5py
 import numpy as np
 
 from tf_twobranch.boxes import clip_boxes, validate_boxes
+from tf_twobranch.data.formats._common import read_text
 from tf_twobranch.errors import DataFormatError
 
 FORMAT_NAME = "tf_twobranch.proposals"
@@ -137,11 +138,7 @@ def _box_problem(box) -> str | None:
 
 def _read_text_boxes(path: str, image_id: str):
     rows = []
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            lines = handle.read().split("\n")
-    except UnicodeDecodeError as error:
-        raise DataFormatError(path, f"not UTF-8 text: {error}", record=image_id) from None
+    lines = read_text(path).split("\n")
     width = None
     for line_number, line in enumerate(lines, start=1):
         text = line.strip()

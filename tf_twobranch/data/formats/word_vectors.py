@@ -8,13 +8,17 @@ Supported on-disk layouts (detected from the file content, not the name):
 * word2vec text: the same header line, then one line ``word v1 ... vD`` per word.
 * GloVe text: no header, one line ``word v1 ... vD`` per word.
 
-Any of these may be gzip-compressed (detected from the magic bytes).
+Any of these may be gzip-compressed (detected from the magic bytes) and may
+start with a UTF-8 byte-order mark. A GloVe word may contain spaces
+(glove.840B has a few); one whose last piece is a number cannot be told from a
+row with too many numbers and is refused.
 
 No vectors are ever downloaded: pass a local path, or train count-based
 vectors on your own captions with `tf_twobranch.features.word_vectors.train_word_vectors`.
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import logging
@@ -180,8 +184,10 @@ def load_word_vectors(
         so restricting a 3M-word file to a caption vocabulary needs little memory.
 
     Raises:
-      DataFormatError: unknown format, truncated file, or a record whose
-        dimension differs from the header/first line (names the line or record).
+      DataFormatError: unknown format, truncated file, a record whose
+        dimension differs from the header/first line, a binary file whose
+        records do not fit the header's dimension, or NaN/infinity in a kept
+        vector (names the line or record).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -191,29 +197,46 @@ def load_word_vectors(
     wanted = None if vocabulary is None else set(vocabulary)
     with _open_binary(path) as stream:
         head = stream.read(1 << 16)
-        stream.seek(0)
+        # Editors on Windows start UTF-8 text with a byte-order mark; it belongs to no word.
+        start = len(codecs.BOM_UTF8) if head.startswith(codecs.BOM_UTF8) else 0
+        head = head[start:]
+        stream.seek(start)
         fmt, num_words, dim = _detect_format(path, head)
         if fmt == "w2v_bin":
-            words, rows = _read_word2vec_binary(path, stream, num_words, dim, max_words, wanted)
+            words, rows, places = _read_word2vec_binary(path, stream, num_words, dim, max_words, wanted)
         else:
-            words, rows = _read_text(path, stream, fmt, num_words, dim, max_words, wanted)
+            words, rows, places = _read_text(path, stream, fmt, num_words, dim, max_words, wanted)
     vectors = np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+    _check_finite(path, words, vectors, places)
     logger.info("Read %d word vectors of dimension %d from %s (%s)", len(words), dim, path, fmt)
     return WordVectors(words, vectors)
 
 
+def _check_finite(path, words, vectors, places) -> None:
+    """NaN or infinity in a kept vector is refused here, naming its line or record, rather
+    than by the trainer's NaN guard, which cannot tell where it came from."""
+    finite = np.isfinite(vectors).all(axis=1)
+    if finite.all():
+        return
+    row = int(np.argmin(finite))
+    bad = vectors[row][~np.isfinite(vectors[row])][0]
+    kind, place = places[row]
+    raise DataFormatError(path, f"the vector of word {words[row]!r} holds {bad} (expected finite "
+                          "numbers)", **{kind: place})
+
+
 def _read_word2vec_binary(path, stream, num_words, dim, max_words, wanted):
-    # Skip the header line.
-    header = stream.readline()
-    del header
+    stream.readline()  # the header "V D"
     record_bytes = 4 * dim
     limit = num_words if max_words is None else min(num_words, max_words)
     words: list[str] = []
     rows: list[np.ndarray] = []
+    places: list[tuple[str, int]] = []
     seen: set[str] = set()
     buffer = b""
     pos = 0
     eof = False
+    first_word = previous_word = None
 
     def fill(need: int):
         nonlocal buffer, pos, eof
@@ -225,56 +248,129 @@ def _read_word2vec_binary(path, stream, num_words, dim, max_words, wanted):
             buffer = buffer[pos:] + chunk
             pos = 0
 
-    for record in range(limit):
-        # Word: skip separating newlines, then read up to the space.
+    def skip_newlines():
+        nonlocal pos
         while True:
             fill(1)
             if pos < len(buffer) and buffer[pos : pos + 1] in (b"\n", b"\r"):
                 pos += 1
                 continue
-            break
+            return
+
+    def dimension_error(record, detail: str) -> DataFormatError:
+        guess = _guess_binary_dimension(path)
+        if guess not in (None, dim) and first_word is not None:
+            detail = f"its first word {first_word!r} is followed by {guess} float32 values, not {dim}"
+            record = 0
+        return DataFormatError(path, f"the header says dimension {dim}, but the record sizes "
+                               f"disagree: {detail}", record=record)
+
+    def truncated(record, message: str) -> DataFormatError:
+        # A header whose dimension is wrong reads the records out of step until the file
+        # ends early; that is not a truncated file.
+        if _guess_binary_dimension(path) not in (None, dim):
+            return dimension_error(record, f"the file ends inside record {record}")
+        return DataFormatError(path, message, record=record)
+
+    for record in range(limit):
+        skip_newlines()
         while True:
             space = buffer.find(b" ", pos)
             if space >= 0 or eof:
                 break
             fill(len(buffer) - pos + _READ_CHUNK)
         if space < 0:
-            raise DataFormatError(
-                path,
-                f"file is truncated: the header announces {num_words} words but the "
-                f"file ends at record {record} (0-based)",
-                record=record,
-            )
+            raise truncated(record, f"file is truncated: the header announces {num_words} words but "
+                            f"the file ends at record {record} (0-based)")
         word_bytes = buffer[pos:space]
         if len(word_bytes) > 10000:
             raise DataFormatError(path, "no word separator found; the binary records are corrupt", record=record)
+        if not _could_be_word(word_bytes):
+            raise dimension_error(record, f"after the vector of word {previous_word!r}, record "
+                                  f"{record} starts with bytes {word_bytes[:16]!r}, not a word")
         pos = space + 1
         fill(record_bytes)
         if len(buffer) - pos < record_bytes:
-            raise DataFormatError(
-                path,
-                f"file is truncated inside record {record}: expected {record_bytes} bytes "
-                f"({dim} float32) after the word, found {len(buffer) - pos}",
-                record=record,
-            )
+            raise truncated(record, f"file is truncated inside record {record}: expected "
+                            f"{record_bytes} bytes ({dim} float32) after the word, found {len(buffer) - pos}")
         word = word_bytes.decode("utf-8", errors="replace")
+        previous_word = word
+        first_word = word if first_word is None else first_word
         if (wanted is None or word in wanted) and word not in seen:
             seen.add(word)
             words.append(word)
             rows.append(np.frombuffer(buffer, dtype="<f4", count=dim, offset=pos).copy())
+            places.append(("record", record))
         pos += record_bytes
-    return words, rows
+    if limit == num_words:
+        skip_newlines()
+        if pos < len(buffer):
+            if _guess_binary_dimension(path) not in (None, dim):
+                raise dimension_error(num_words, f"data follows the last of the {num_words} records")
+            raise DataFormatError(path, f"data follows the last of the {num_words} records the header "
+                                  f"announces (after the vector of word {previous_word!r}): the header's "
+                                  "word count is too small", record=num_words)
+    return words, rows, places
+
+
+def _could_be_word(word_bytes: bytes) -> bool:
+    """False for bytes that no word2vec vocabulary holds: float32 bytes read as a word.
+
+    word2vec's C code cannot write a NUL inside a word; other control bytes are
+    accepted in valid UTF-8, as some vocabularies hold them.
+    """
+    if b"\x00" in word_bytes:
+        return False
+    if any(b < 0x20 or b == 0x7F for b in word_bytes):
+        try:
+            word_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return True
+
+
+def _guess_binary_dimension(path: str) -> int | None:
+    """The dimension that the first two records of a binary file fit (each record ending in
+    a newline, as word2vec writes them), or None when none does."""
+    with _open_binary(path) as stream:
+        data = stream.read(1 << 20)
+    data = data[len(codecs.BOM_UTF8):] if data.startswith(codecs.BOM_UTF8) else data
+    data = data[data.find(b"\n") + 1 :]
+
+    def next_record(start: int, candidate: int) -> int | None:
+        """Where the record after the one starting at `start` starts, if it fits `candidate`."""
+        space = data.find(b" ", start, start + 1000)
+        if space <= start or not _could_be_word(data[start:space]):
+            return None
+        end = space + 1 + 4 * candidate
+        if end == len(data) or data[end : end + 1] == b"\n":
+            return end + 1
+        return None
+
+    first_space = data.find(b" ", 0, 1000)
+    if first_space < 0:
+        return None
+    for candidate in range(1, (len(data) - first_space) // 4 + 1):
+        second = next_record(0, candidate)
+        if second is None:
+            continue
+        if second >= len(data) or next_record(second, candidate) is not None:
+            return candidate
+    return None
 
 
 def _read_text(path, stream, fmt, num_words, dim, max_words, wanted):
     text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline=None)
     words: list[str] = []
     rows: list[np.ndarray] = []
+    places: list[tuple[str, int]] = []
     seen: set[str] = set()
     first_record_line = 1
+    established = "the dimension of line 1"
     if fmt == "w2v_text":
         text.readline()
         first_record_line = 2
+        established = "the header's dimension"
     count = 0
     for line_number, line in enumerate(text, start=first_record_line):
         if max_words is not None and count >= max_words:
@@ -283,15 +379,18 @@ def _read_text(path, stream, fmt, num_words, dim, max_words, wanted):
         if not line:
             continue
         count += 1
-        # rsplit keeps words containing spaces (some GloVe files have them) intact.
+        # rsplit keeps words containing spaces (glove.840B has a few, e.g. ". . ." and
+        # "at name@domain.com") intact; a word whose last piece is a number is instead a row
+        # with more numbers than the dimension.
         fields = line.rsplit(" ", dim)
-        if len(fields) != dim + 1 or " " in fields[0] and fmt == "w2v_text":
+        word = fields[0]
+        if len(fields) != dim + 1 or " " in word and (fmt == "w2v_text" or _is_number(word.rsplit(" ", 1)[1])):
             raise DataFormatError(
                 path,
-                f"expected a word followed by {dim} numbers, found {len(line.split(' ')) - 1} numbers",
+                f"expected a word followed by {dim} numbers ({established}), found "
+                f"{_count_numbers(line)} numbers after {line.split(' ', 1)[0]!r}",
                 line=line_number,
             )
-        word = fields[0]
         if wanted is not None and word not in wanted or word in seen:
             continue
         try:
@@ -301,13 +400,27 @@ def _read_text(path, stream, fmt, num_words, dim, max_words, wanted):
         seen.add(word)
         words.append(word)
         rows.append(vector)
+        places.append(("line", line_number))
     if fmt == "w2v_text" and max_words is None and count != num_words:
         raise DataFormatError(
             path,
             f"the header announces {num_words} words but the file holds {count} records "
             "(truncated or wrong header)",
         )
-    return words, rows
+    return words, rows, places
+
+
+def _is_number(piece: str) -> bool:
+    try:
+        float(piece)
+    except ValueError:
+        return False
+    return True
+
+
+def _count_numbers(line: str) -> int:
+    """How many space-separated pieces after the first one are numbers."""
+    return sum(_is_number(piece) for piece in line.split(" ")[1:])
 
 
 # --------------------------------------------------------------------------
