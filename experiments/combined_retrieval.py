@@ -61,6 +61,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("chunk_size", 1000, "Sentences per score block.", lower_bound=1, **d)
     flags.DEFINE_integer("image_chunk", 50, "Images per block when computing phrase-to-region minima.",
                          lower_bound=1, **d)
+    flags.DEFINE_string("paper_dataset", "Flickr30K", "Dataset the paper numbers are for.", **d)
     common.define_output_flags(fv, row_name="Weighted distance", verbose=0, paper_results_help=(
         "12 numbers: the image-sentence model's i2t R@1,5,10, t2i R@1,5,10, then the weighted "
         "distance's."))
@@ -156,6 +157,8 @@ def run(f) -> dict:
     layout, splits, image, text, _ = isr.load_data(is_flags)
     dataset_dir = layout.root
     test = splits["test"]
+    # Table 5 is scored under the image-sentence run's protocol, checked against this split.
+    protocol = common.resolve_protocol(is_flags, test.num_images)
     rp_dataset = pathlib.Path(rp_flags.dataset_dir) if rp_flags.dataset_dir else None
     if rp_dataset is not None and rp_dataset.resolve() != pathlib.Path(dataset_dir).resolve():
         raise common.UserInputError(f"the runs used different datasets: {dataset_dir} ({is_run}) and "
@@ -194,23 +197,30 @@ def run(f) -> dict:
     alpha = f.alpha
 
     def neg_distance(weighted: bool):
-        def score(a, b):
-            d = np.sqrt(np.maximum(2.0 - 2.0 * img @ txt[a:b].T, 0.0))
-            if not weighted:
-                return -d
-            mix = (1.0 - alpha) * d + alpha * d_rp[:, a:b]
-            return -np.where(has_phrases[a:b][None, :], mix, d)
-        return score
+        # A protocol's fold passes the indices of its images and captions.
+        def factory(images, captions):
+            def score(a, b):
+                rows = captions[a:b]
+                d = np.sqrt(np.maximum(2.0 - 2.0 * img[images] @ txt[rows].T, 0.0))
+                if not weighted:
+                    return -d
+                mix = (1.0 - alpha) * d + alpha * d_rp[np.ix_(images, rows)]
+                return -np.where(has_phrases[rows][None, :], mix, d)
+            return score
+        return factory
 
-    record = {"row": f.row_name, "dataset_dir": str(dataset_dir), "image_sentence_run": str(is_run),
-              "region_phrase_run": str(rp_run), "alpha": alpha, "num_test_images": test.num_images,
-              "num_test_captions": test.num_captions, "num_unique_phrases": len(table),
+    record = {"row": f.row_name, "task": "combined_retrieval", "dataset_dir": str(dataset_dir),
+              "image_sentence_run": str(is_run), "region_phrase_run": str(rp_run), "alpha": alpha,
+              **common.split_record(protocol, test), "num_unique_phrases": len(table),
               "captions_without_phrases": int((~has_phrases).sum()),
-              "paper": common.paper_numbers(f.paper_results), **common.flag_record(f)}
+              "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
+              "paper_protocol": f.paper_protocol, **common.flag_record(f),
+              "random_baseline": retrieval.random_baseline_metrics(
+                  test.num_images, test.caption_image, protocol=is_flags.protocol, seed=0)}
     for name, weighted in (("image_sentence", False), ("weighted_distance", True)):
-        i2t, t2i = retrieval.ranks_from_score_fn(neg_distance(weighted), test.num_images, test.caption_image,
-                                                 chunk_size=f.chunk_size)
-        record[name] = retrieval.retrieval_metrics_from_ranks(i2t, t2i)
+        record[name] = retrieval.evaluate_protocol(
+            np.arange(test.num_images), np.arange(test.num_captions), test.caption_image, is_flags.protocol,
+            chunk_size=f.chunk_size, score_fn_factory=neg_distance(weighted))
     record["seconds"] = time.time() - start
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(f.row_name)
     common.write_json(f.out_json or run_dir / "results.json", record)
@@ -218,14 +228,18 @@ def run(f) -> dict:
 
 
 def format_table(record: dict) -> str:
-    paper = record.get("paper") or []
+    paper = common.paper_beside(record.get("paper"), record["paper_protocol"], record["protocol"],
+                                record["num_test_images"]) or []
     rows = [{"name": "Image-sentence model", "metrics": record["image_sentence"],
              "paper": paper[:6] if len(paper) >= 6 else None},
             {"name": f"Weighted distance (alpha={record['alpha']:g})", "metrics": record["weighted_distance"],
              "paper": paper[6:12] if len(paper) >= 12 else None}]
-    return common.format_retrieval_table(
-        f"Table 5: {record['num_test_images']} test images, {record['num_test_captions']} sentences "
-        f"({record['dataset_dir']}); paper numbers: Flickr30K", rows)
+    title = common.table_title(
+        "Table 5", dataset=record["dataset_dir"], protocol=record["protocol"],
+        num_images=record["num_test_images"], num_captions=record["num_test_captions"],
+        paper=record.get("paper"), paper_dataset=record["paper_dataset"],
+        paper_protocol=record["paper_protocol"])
+    return common.format_retrieval_table(title, rows, chance=record["random_baseline"])
 
 
 def _main() -> None:

@@ -342,16 +342,18 @@ def run(f) -> dict:
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
     source, layout, splits, images, text = load_data(f)
     evaluation = splits[f.eval_split]
+    protocol = common.resolve_protocol(f, evaluation.num_images, split=f"the {f.eval_split} split")
     record = {"row": row_name, "task": "fragment_embeddings", "dataset": str(source),
               **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
-              "num_train_images": splits["train"].num_images, "num_eval_images": evaluation.num_images,
-              "num_eval_captions": evaluation.num_captions, "protocol": f.protocol,
+              "paper_protocol": f.paper_protocol, "num_train_images": splits["train"].num_images,
+              "num_eval_images": evaluation.num_images, "num_eval_captions": evaluation.num_captions,
+              **common.split_record(protocol, evaluation),
               "fragments": text.stats, "stages": []}
     random_metrics = retrieval.random_baseline_metrics(evaluation.num_images, evaluation.caption_image,
                                                        protocol=f.protocol, seed=f.seed)
     if f.random_ranking:
-        record.update(metrics=random_metrics, seconds=time.time() - start)
+        record.update(metrics=random_metrics, random_baseline=random_metrics, seconds=time.time() - start)
         common.write_json(f.out_json or run_dir / "results.json", record)
         return record
     config = build_config(f, images, text)
@@ -440,26 +442,45 @@ def load_row(run_dir):
 # ---------------------------------------------------------------------------- tables
 
 
-def format_rows(title: str, rows: list[dict]) -> str:
-    """The paper's Table 2/3 layout: R@1, R@5, R@10, Med r of annotation and search, rsum."""
+def format_rows(title: str, rows: list[dict], chance: dict | None = None) -> str:
+    """The paper's Table 2/3 layout: R@1, R@5, R@10, Med r of annotation and search, rsum.
+
+    A row's "paper" (8 numbers; None for a cell the paper lacks) is printed
+    below it; `chance` (the random baseline's metrics) ends the table.
+    """
+    rows = [*rows, {"name": common.CHANCE_ROW, "metrics": chance}] if chance else list(rows)
     width = max([len(r["name"]) for r in rows] + [30])
     head = "".join(f"{c:>7}" for c in PAPER_LAYOUT)
     lines = [title, f"{'':{width}} | {'Image Annotation':^28} | {'Image Search':^28} |",
              f"{'Model':{width}} | {head} | {head} |   rsum", "-" * (width + 72)]
 
+    def cells(values):
+        return "".join(common.format_cell(v, 7, 1 if i % 4 < 3 else 0) for i, v in enumerate(values))
+
     def line(name, values):
-        return (f"{name:{width}} | " + "".join(f"{v:7.1f}" if i % 4 < 3 else f"{v:7.0f}"
-                                               for i, v in enumerate(values[:4]))
-                + " | " + "".join(f"{v:7.1f}" if i % 4 < 3 else f"{v:7.0f}" for i, v in enumerate(values[4:8]))
-                + f" | {sum(values[:3]) + sum(values[4:7]):6.1f}")
+        recalls = values[:3] + values[4:7]
+        rsum = None if any(v is None for v in recalls) else sum(recalls)
+        return f"{name:{width}} | {cells(values[:4])} | {cells(values[4:8])} | {common.format_cell(rsum, 6)}"
 
     for r in rows:
         m = r["metrics"]
         lines.append(line(r["name"], [m["i2t_r1"], m["i2t_r5"], m["i2t_r10"], m["i2t_medr"],
                                       m["t2i_r1"], m["t2i_r5"], m["t2i_r10"], m["t2i_medr"]]))
         if r.get("paper") and len(r["paper"]) == 8:
-            lines.append(line("  (paper)", r["paper"]))
+            lines.append(line("  (paper)", list(r["paper"])))
     return "\n".join(lines)
+
+
+def format_record(record: dict) -> str:
+    """One row beside the paper's numbers (when measured under the same protocol) and chance."""
+    paper = common.paper_beside(record["paper"], record["paper_protocol"], record["protocol"],
+                                record["num_eval_images"])
+    title = common.table_title(record["row"], protocol=record["protocol"],
+                               num_images=record["num_eval_images"], num_captions=record["num_eval_captions"],
+                               paper=record["paper"], paper_dataset=record["paper_dataset"],
+                               paper_protocol=record["paper_protocol"])
+    return format_rows(title, [{"name": record["row"], "metrics": record["metrics"], "paper": paper}],
+                       chance=record.get("random_baseline"))
 
 
 # The rows in the order of the paper's tables.
@@ -490,7 +511,9 @@ def _finished(row) -> dict | None:
     if not path.is_file():
         return None
     record = read_json_object(path, "fragment-embedding run record")
-    return record if record.get("typed_flags") == common.typed_flags(row) and "metrics" in record else None
+    same = record.get("typed_flags") == common.typed_flags(row)
+    # Records written before protocols were checked and fingerprinted are run again.
+    return record if same and "metrics" in record and "test_split_fingerprint" in record else None
 
 
 def run_rows(f) -> dict:
@@ -516,15 +539,36 @@ def run_rows(f) -> dict:
             else:
                 print(f"--- {cfg.name}: {row.row_name}: finished before, results of {row.run_dir}", flush=True)
         record = done[key]
-        results[cfg.stem] = {"name": row.row_name, "metrics": record["metrics"],
-                             "paper": common.paper_numbers(row.paper_results), "paper_dataset": row.paper_dataset,
+        paper = common.paper_numbers(row.paper_results)
+        results[cfg.stem] = {"name": row.row_name, "metrics": record["metrics"], "paper": paper,
+                             "paper_dataset": row.paper_dataset, "paper_protocol": row.paper_protocol,
+                             "paper_beside": common.paper_beside(paper, row.paper_protocol, record["protocol"],
+                                                                  record["num_eval_images"]),
+                             "protocol": record["protocol"],
+                             "test_split_fingerprint": record["test_split_fingerprint"],
+                             "num_eval_images": record["num_eval_images"],
+                             "num_eval_captions": record["num_eval_captions"],
+                             "random_baseline": record["random_baseline"],
                              "run_dir": row.run_dir, "seconds": record["seconds"]}
     out = {"rows": results}
     for table, dataset in (("2", "Flickr8K"), ("3", "Flickr30K")):
         rows = [r for stem, r in results.items() if stem.startswith(f"karpathy_table{table}_")]
-        if rows:
-            text = format_rows(f"Karpathy et al. Table {table} rows on {done and next(iter(done.values()))['dataset']}"
-                               f" (paper numbers: {dataset})", rows)
+        # One table per protocol and split: rows are compared only when measured the same way.
+        groups: dict[tuple, list[dict]] = {}
+        for r in rows:
+            groups.setdefault((r["protocol"], r["test_split_fingerprint"]), []).append(r)
+        texts = []
+        for group in groups.values():
+            first = group[0]
+            title = common.table_title(
+                f"Karpathy et al. Table {table} rows", dataset=done and next(iter(done.values()))["dataset"],
+                protocol=first["protocol"], num_images=first["num_eval_images"],
+                num_captions=first["num_eval_captions"], paper=any(r["paper"] for r in group),
+                paper_dataset=dataset, paper_protocol=first["paper_protocol"])
+            texts.append(format_rows(title, [{**r, "paper": r["paper_beside"]} for r in group],
+                                     chance=first["random_baseline"]))
+        if texts:
+            text = "\n\n".join(texts)
             print(text)
             out[f"table{table}"] = text
     common.write_json(f.out_json or runs_dir / "karpathy_tables.json", out)
@@ -537,9 +581,7 @@ def _main() -> None:
         run_rows(f)
         return
     record = run(f)
-    print(format_rows(f"{record['row']} ({record['num_eval_images']} images, {record['num_eval_captions']} "
-                      f"captions, protocol {record['protocol']}); paper numbers: {record['paper_dataset']}",
-                      [{"name": record["row"], "metrics": record["metrics"], "paper": record["paper"]}]))
+    print(format_record(record))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")
 

@@ -218,11 +218,12 @@ def run(f) -> dict:
     layout, splits, image, text, extras = load_data(f)
     dataset_dir = layout.root
     train, test = splits["train"], splits["test"]
+    protocol = common.resolve_protocol(f, test.num_images)
     record = {"row": row_name, "task": "image_sentence_retrieval", "dataset_dir": str(dataset_dir),
               **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
-              "num_train_images": train.num_images, "num_test_images": test.num_images,
-              "num_test_captions": test.num_captions,
+              "paper_protocol": f.paper_protocol, "num_train_images": train.num_images,
+              **common.split_record(protocol, test),
               "random_baseline": retrieval.random_baseline_metrics(
                   test.num_images, test.caption_image, protocol=f.protocol, seed=f.seed)}
     if f.model == "cca":
@@ -280,14 +281,24 @@ def run(f) -> dict:
     return record
 
 
+def format_record(record: dict) -> str:
+    """The row beside the paper's numbers (when measured under the same protocol) and chance."""
+    paper = common.paper_beside(record["paper"], record["paper_protocol"], record["protocol"],
+                                record["num_test_images"])
+    title = common.table_title(
+        "Image-sentence retrieval", protocol=record["protocol"], num_images=record["num_test_images"],
+        num_captions=record["num_test_captions"], paper=record["paper"],
+        paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"])
+    table = common.format_retrieval_table(
+        title, [{"name": record["row"], "metrics": record["metrics"], "paper": paper}],
+        chance=record["random_baseline"])
+    return table + (f"\nnote: {record['protocol_note']}" if record.get("protocol_note") else "")
+
+
 def _main() -> None:
     f = flags.FLAGS
     record = run(f)
-    print(common.format_retrieval_table(
-        f"Image-sentence retrieval ({record['num_test_images']} test images, "
-        f"{record['num_test_captions']} sentences); paper numbers: {record['paper_dataset']}",
-        [{"name": record["row"], "metrics": record["metrics"], "paper": record["paper"]},
-         {"name": "chance (random embeddings)", "metrics": record["random_baseline"]}]))
+    print(format_record(record))
     if "sentence_retrieval" in record:
         s = record["sentence_retrieval"]
         print(f"sentence-to-sentence R@1/5/10: {s['s2s_r1']:.1f} / {s['s2s_r5']:.1f} / "

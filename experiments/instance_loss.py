@@ -374,6 +374,7 @@ def run(f) -> dict:
     row_name = f.row_name or "instance_loss"
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
     source, layout, train, evaluation, word_vectors = load_data(f, run_dir)
+    protocol = common.resolve_protocol(f, evaluation.num_images, split=f"the {f.eval_split} split")
     # How the evaluation split is made, recorded for load_run, which rebuilds it the same way.
     evaluation_record = record_dual_path_split(
         layout, split=f.eval_split, dataset_kind=f.dataset_kind, max_len=f.max_len,
@@ -392,7 +393,8 @@ def run(f) -> dict:
         model = DualPathModel(config, matrix).build_all()
     record = {"row": row_name, "task": "dual_path", "dataset": str(source), "dataset_kind": f.dataset_kind,
               **common.flag_record(f, typed), "paper": common.paper_numbers(f.paper_results),
-              "paper_dataset": f.paper_dataset, "num_train_images": train.num_images,
+              "paper_dataset": f.paper_dataset, "paper_protocol": f.paper_protocol,
+              **common.split_record(protocol, evaluation), "num_train_images": train.num_images,
               "num_classes": config.num_classes, "vocabulary_size": config.vocabulary_size,
               "num_eval_images": evaluation.num_images,
               "num_eval_captions": evaluation.num_captions, "stages": [],
@@ -455,31 +457,34 @@ def run(f) -> dict:
 
 
 def format_record(record: dict) -> str:
+    paper = common.paper_beside(record["paper"], record["paper_protocol"], record["protocol"],
+                                record["num_eval_images"])
     if record["dataset_kind"] == "pedes":
-        lines = [f"Person search (text query), {record['num_eval_images']} images, "
-                 f"{record['num_eval_captions']} captions",
-                 f"{'Method':40} |   R@1    R@5   R@10  med r |     S"]
+        title = common.table_title(
+            "Person search (text query)", protocol=record["protocol"], num_images=record["num_eval_images"],
+            num_captions=record["num_eval_captions"], paper=record["paper"],
+            paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"])
+        lines = [title, f"{'Method':40} |   R@1    R@5   R@10  med r |     S"]
         for st in record["stages"]:
             m = st["metrics"]
             lines.append(f"{record['row'] + ' - Stage ' + str(st['stage']):40} | "
                          f"{m['t2i_r1']:5.1f}  {m['t2i_r5']:5.1f}  {m['t2i_r10']:5.1f}  "
                          f"{m['t2i_medr']:5.0f} | {m['separability_S']:.3f}")
-        if record["paper"]:
-            lines.append(f"{'paper':40} | " + "  ".join(f"{v:5.1f}" for v in record["paper"]))
+        if paper:
+            lines.append(f"{'  (paper)':40} | " + "  ".join(common.format_cell(v, 5) for v in paper))
         if record["stages"]:
             c = record["stages"][-1]["metrics"]["random_baseline"]
-            lines.append(f"{'chance (random embeddings)':40} | {c['t2i_r1']:5.1f}  {c['t2i_r5']:5.1f}  "
+            lines.append(f"{common.CHANCE_ROW:40} | {c['t2i_r1']:5.1f}  {c['t2i_r5']:5.1f}  "
                          f"{c['t2i_r10']:5.1f}  {c['t2i_medr']:5.0f} |")
         return "\n".join(lines)
     rows = [{"name": f"{record['row']} - Stage {st['stage']}", "metrics": st["metrics"],
-             "paper": record["paper"] if i == len(record["stages"]) - 1 else None}
+             "paper": paper if i == len(record["stages"]) - 1 else None}
             for i, st in enumerate(record["stages"])]
-    if record["stages"]:
-        rows.append({"name": "chance (random embeddings)",
-                     "metrics": record["stages"][-1]["metrics"]["random_baseline"]})
     table = common.format_retrieval_table(
-        f"Dual-path CNN ({record['num_eval_images']} images, {record['num_eval_captions']} "
-        f"captions); paper numbers: {record['paper_dataset']}", rows)
+        common.table_title("Dual-path CNN", protocol=record["protocol"], num_images=record["num_eval_images"],
+                           num_captions=record["num_eval_captions"], paper=record["paper"],
+                           paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"]),
+        rows, chance=record["stages"][-1]["metrics"]["random_baseline"] if record["stages"] else None)
     s_values = ", ".join(f"Stage {st['stage']}: S = {st['metrics']['separability_S']:.4f}"
                          for st in record["stages"])
     return f"{table}\nseparability (eq. 10): {s_values}"

@@ -67,6 +67,7 @@ from tf_twobranch.training import trainer
 EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 6, "lr_decay_epochs": 4,
                     "learning_rate": 0.01}
 ROW_KINDS = ("model", "untrained", "random_point", "centre_point", "channel_mean")
+BASELINE_KINDS = ("random_point", "centre_point", "channel_mean")
 TABLE2_PAPER = "Table 2 (Flickr30K Entities test, pointing accuracy %)"
 
 
@@ -95,6 +96,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "Training captions: word by word (the caption file), or phrase-parsed Flickr30K Entities "
                       "sentences with each annotated phrase one input, the mean of its word vectors (the "
                       "authors' code's parse_mode='phrase').", **d)
+    flags.DEFINE_enum("row_metric", "auto", ["auto", "pointing", "retrieval"],
+                      "What the row reports: pointing (Table 2: its pointing accuracy, which needs the Flickr30K "
+                      "Entities Sentences/ and Annotations/; refused without them), retrieval (Table 1), or auto "
+                      "(retrieval, and the pointing game when the folder has the Entities; the record says when "
+                      "it has not).", **d)
     flags.DEFINE_enum("pointing_counting", "phrase", ["phrase", "per_box"],
                       "phrase: one trial per phrase, a hit inside any of its boxes (the paper); per_box: "
                       "one trial per ground-truth box (the authors' code).", **d)
@@ -159,12 +165,31 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 # ---------------------------------------------------------------------------- data
 
 
-def load_data(f, *, need_text: bool = True):
-    """(dataset folder, layout, splits, caption inputs, backbone, backbone maps) of a row."""
+def dataset_layout(f):
+    """(dataset folder, its resolved layout) of a row: --dataset_dir, else the embedded data."""
     if f.dataset_dir and not pathlib.Path(f.dataset_dir).is_dir():
         raise common.UserInputError(f"--dataset_dir={f.dataset_dir}: dataset folder does not exist")
     source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
-    layout = resolve_dataset(source, caption_format=f.caption_format, images_dir=f.images_dir or None)
+    return source, resolve_dataset(source, caption_format=f.caption_format, images_dir=f.images_dir or None)
+
+
+def row_metric(f) -> str:
+    """The metric the row reports: "pointing", "retrieval" or "auto" (see --row_metric)."""
+    return "pointing" if f.row_kind in BASELINE_KINDS else f.row_metric
+
+
+def uncomputable_metric(f, layout, source) -> str | None:
+    """Why the row's metric cannot be computed on this folder (None: it can), said before any
+    feature is computed or any step trained."""
+    if row_metric(f) == "pointing" and layout.entities_dir is None:
+        return (f"row {f.row_name or f.row_kind!r}: its metric, the pointing accuracy (Table 2), needs the "
+                f"Flickr30K Entities Sentences/ and Annotations/ folders, which {source} does not have")
+    return None
+
+
+def load_data(f, *, need_text: bool = True):
+    """(dataset folder, layout, splits, caption inputs, backbone, backbone maps) of a row."""
+    source, layout = dataset_layout(f)
     corpora = load_caption_splits(layout)
     splits = {}
     for name in ("train", f.eval_split):
@@ -274,20 +299,28 @@ def run(f) -> dict:
         raise common.UserInputError(f"--retrieval_score_dtype={f.retrieval_score_dtype} needs "
                                     f"--aggregator=max_image (got {f.aggregator})")
     run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
-    baseline = f.row_kind in ("random_point", "centre_point", "channel_mean")
+    baseline = f.row_kind in BASELINE_KINDS
+    source, layout = dataset_layout(f)
+    reason = uncomputable_metric(f, layout, source)
+    if reason:
+        raise common.UserInputError(reason)
     source, layout, splits, text, backbone, maps = load_data(f, need_text=not baseline)
     evaluation = splits[f.eval_split]
+    # Checked before training; the pointing baselines have no retrieval.
+    protocol = {"protocol": None} if baseline else common.resolve_protocol(
+        f, evaluation.num_images, split=f"the {f.eval_split} split")
     queries = evaluation_queries(layout, evaluation)
     record = {"row": row_name, "task": "npair_localization", "row_kind": f.row_kind, "dataset": str(source),
               **common.flag_record(f, typed),
               "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
+              "paper_protocol": f.paper_protocol, "row_metric": row_metric(f),
               "num_train_images": splits["train"].num_images, "num_eval_images": evaluation.num_images,
-              "num_eval_captions": evaluation.num_captions,
+              "num_eval_captions": evaluation.num_captions, **common.split_record(protocol, evaluation),
               "num_pointing_queries": None if queries is None else len(queries)}
+    if queries is None:
+        record["pointing_not_computed"] = (f"{source} has no Flickr30K Entities Sentences/ and Annotations/ "
+                                           "folders: retrieval only")
     if baseline:
-        if queries is None:
-            raise common.UserInputError(f"{source}: the pointing baselines need Flickr30K Entities "
-                                        "Sentences/ and Annotations/ folders")
         if f.row_kind == "channel_mean":
             heat = localization_maps.channel_mean_heat_maps(
                 localization_maps.RowsById(evaluation.image_ids, maps[f.eval_split]), queries)
@@ -358,8 +391,10 @@ def run(f) -> dict:
             record["pointing"] = evaluate_pointing(model, image_maps.projected, evaluation, queries,
                                                    text.vocabulary, f.max_words, f.pointing_counting)
         del image_maps
-    record["random_baseline"] = retrieval.random_baseline_metrics(
-        evaluation.num_images, evaluation.caption_image, protocol=f.protocol, seed=f.seed)
+    # Per evaluated protocol: a row sharing this model under another protocol takes its own.
+    record["random_baselines"] = {p: retrieval.random_baseline_metrics(
+        evaluation.num_images, evaluation.caption_image, protocol=p, seed=f.seed) for p in protocols}
+    record["random_baseline"] = record["random_baselines"][f.protocol]
     _summary(record, f)
     logging.info("%s: %s", row_name, {k: round(v, 2) for k, v in record["metrics"].items()})
     if f.export and common.is_chief() and f.row_kind == "model":
@@ -395,46 +430,95 @@ def load_row(run_dir):
 
 def _paper_pointing(row) -> str:
     paper = row.get("paper")
-    return f"{paper[0]:7.2f}" if paper and len(paper) == 1 else "      -"
+    return common.format_cell(paper[0], 7, 2) if paper and len(paper) == 1 else f"{'–':>7}"
 
 
 def format_table2(rows: list[dict], dataset: str) -> str:
-    """Table 2's layout: method, pointing accuracy here, the paper's."""
+    """Table 2's layout: method, pointing accuracy here, the paper's; a row whose pointing
+    accuracy could not be computed says why."""
     width = max([len(r["name"]) for r in rows] + [34])
     lines = [f"Das et al. Table 2 analogue: pointing accuracy (%) on {dataset} (paper: Flickr30K Entities test)",
              f"{'Method':{width}} | {'here':>7} | {'paper':>7} | trials",
              "-" * (width + 30)]
     for r in rows:
         pointing = r["metrics"].get("pointing_accuracy")
-        here = f"{pointing:7.2f}" if pointing is not None else "      -"
-        lines.append(f"{r['name']:{width}} | {here} | {_paper_pointing(r)} | {r.get('trials', '-')}")
+        trials = f"not computed: {r['not_computed']}" if r.get("not_computed") else r.get("trials")
+        trials = "–" if trials is None else trials
+        lines.append(f"{r['name']:{width}} | {common.format_cell(pointing, 7, 2)} | {_paper_pointing(r)} | {trials}")
     return "\n".join(lines)
 
 
 def format_table1(rows: list[dict], dataset: str) -> str:
-    """Table 1's layout: R@1/5/10 image-to-caption and caption-to-image, the paper's below."""
-    width = max([len(r["name"]) for r in rows] + [34])
-    head = "".join(f"{c:>7}" for c in ("R@1", "R@5", "R@10"))
-    lines = [f"Das et al. Table 1 analogue: retrieval on {dataset} ({rows[0]['protocol'] if rows else ''})",
-             f"{'':{width}} | {'Image-to-Caption':^21} | {'Caption-to-Image':^21} |",
-             f"{'Model':{width}} | {head} | {head} |", "-" * (width + 50)]
+    """Table 1's layout: R@1/5/10 image-to-caption and caption-to-image, the paper's below when
+    measured under the same protocol, chance last; one table per protocol and test split."""
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        m = r["metrics"]
-        lines.append(f"{r['name']:{width}} | " + "".join(f"{m[k]:7.1f}" for k in ("i2t_r1", "i2t_r5", "i2t_r10"))
-                     + " | " + "".join(f"{m[k]:7.1f}" for k in ("t2i_r1", "t2i_r5", "t2i_r10")) + " |")
-        paper = r.get("paper")
-        if paper and len(paper) == 6:
-            lines.append(f"{'  (paper: ' + r['paper_dataset'] + ')':{width}} | "
-                         + "".join(f"{v:7.1f}" for v in paper[:3]) + " | "
-                         + "".join(f"{v:7.1f}" for v in paper[3:]) + " |")
-    return "\n".join(lines)
+        groups.setdefault((r["protocol"], r["test_split_fingerprint"]), []).append(r)
+    head = "".join(f"{c:>7}" for c in ("R@1", "R@5", "R@10"))
+    tables = []
+    for group in groups.values():
+        first = group[0]
+        width = max([len(r["name"]) for r in group] + [len(common.CHANCE_ROW), 34])
+        title = common.table_title(
+            "Das et al. Table 1 analogue: retrieval", dataset=dataset, protocol=first["protocol"],
+            num_images=first["num_eval_images"], num_captions=first["num_eval_captions"],
+            paper=any(r.get("paper") for r in group), paper_dataset=first["paper_dataset"],
+            paper_protocol=first["paper_protocol"])
+        lines = [title, f"{'':{width}} | {'Image-to-Caption':^21} | {'Caption-to-Image':^21} |",
+                 f"{'Model':{width}} | {head} | {head} |", "-" * (width + 50)]
+
+        def line(name, values):
+            return (f"{name:{width}} | " + "".join(common.format_cell(v, 7) for v in values[:3]) + " | "
+                    + "".join(common.format_cell(v, 7) for v in values[3:6]) + " |")
+
+        keys = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
+        for r in group:
+            m = r["metrics"]
+            lines.append(line(r["name"], [m[k] for k in keys]))
+            if "rsum_fold_std" in m:
+                lines.append(line(f"  ± std over {m['num_folds']} folds", [m[f"{k}_fold_std"] for k in keys]))
+            paper = common.paper_beside(r.get("paper"), r["paper_protocol"], r["protocol"], r["num_eval_images"])
+            if paper and len(paper) == 6:
+                lines.append(line(f"  (paper: {r['paper_dataset']})", paper))
+        lines.append(line(common.CHANCE_ROW, [first["random_baseline"][k] for k in keys]))
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
+
+
+def table_row(record: dict, row) -> dict:
+    """A row of the printed tables from a run record and the row's flags."""
+    pointing = record.get("pointing") or {}
+    chosen = pointing.get(row.parse_mode) or pointing.get("baseline") or {}
+    return {"name": row.row_name or record["row"], "metrics": record["metrics"], "trials": chosen.get("trials"),
+            "paper": common.paper_numbers(row.paper_results), "paper_dataset": row.paper_dataset,
+            "paper_protocol": row.paper_protocol, "protocol": record["protocol"],
+            "test_split_fingerprint": record["test_split_fingerprint"],
+            "num_eval_images": record["num_eval_images"], "num_eval_captions": record["num_eval_captions"],
+            "random_baseline": record.get("random_baseline"), "run_dir": row.run_dir,
+            "seconds": record.get("seconds")}
+
+
+def format_record(record: dict, row) -> str:
+    """One row: its retrieval table (Table 1 layout, with chance) and its pointing accuracy
+    (Table 2 layout), each beside the paper's number where it measures the same thing."""
+    entry = table_row(record, row)
+    parts = []
+    if "retrieval" in record:
+        paper = entry["paper"] if entry["paper"] and len(entry["paper"]) == 6 else None
+        parts.append(format_table1([{**entry, "paper": paper}], record["dataset"]))
+    if "pointing" in record:
+        paper = entry["paper"] if entry["paper"] and len(entry["paper"]) == 1 else None
+        parts.append(format_table2([{**entry, "paper": paper}], record["dataset"]))
+    if record.get("pointing_not_computed"):
+        parts.append(f"pointing game not computed: {record['pointing_not_computed']}")
+    return "\n\n".join(parts)
 
 
 # The rows in the order of the paper's Table 2, then Table 1.
 ROW_ORDER = ("random", "centre", "vgg_channel_mean", "untrained", "npair_word", "npair_phrase", "triplet")
 _RUNNER_FLAGS = {"rows", "runs_dir", "out_json", "run_dir", "row_name", "paper_results"}
 # Flags that only choose what a trained model is evaluated on: rows differing only in them share one run.
-_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "pointing_counting"}
+_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol", "pointing_counting", "row_metric"}
 
 
 def _row_configs(f) -> list[pathlib.Path]:
@@ -467,18 +551,31 @@ def run_rows(f) -> dict:
         row = common.parse_flagfile(define_flags, str(cfg), overrides)
         key = _training_key(row)
         row.run_dir = str(runs_dir / cfg.stem)
+        source, layout = dataset_layout(row)
+        reason = uncomputable_metric(row, layout, source)
+        if reason:
+            # The table says which row is missing and why; nothing is trained for it.
+            print(f"--- {cfg.name}: not computed: {reason}", flush=True)
+            results[cfg.stem] = {"name": row.row_name, "metrics": {}, "not_computed": reason,
+                                 "paper": common.paper_numbers(row.paper_results),
+                                 "paper_dataset": row.paper_dataset, "paper_protocol": row.paper_protocol,
+                                 "run_dir": None}
+            continue
         path = pathlib.Path(row.run_dir) / "results.json"
         previous = read_json_object(path, "N-pair run record") if path.is_file() else None
-        if previous and previous.get("typed_flags") == common.typed_flags(row):
+        if (previous and previous.get("typed_flags") == common.typed_flags(row)
+                and "test_split_fingerprint" in previous):
             record = previous
             print(f"--- {cfg.name}: finished before ({row.run_dir})", flush=True)
         elif key in trained:
             record = dict(trained[key])
             record.update(row=row.row_name, paper=common.paper_numbers(row.paper_results),
-                          paper_dataset=row.paper_dataset, shared_with=trained[key]["row"])
+                          paper_dataset=row.paper_dataset, paper_protocol=row.paper_protocol,
+                          shared_with=trained[key]["row"])
             if row.protocol not in record["retrieval"]:
                 raise common.UserInputError(f"{cfg.name}: protocol {row.protocol} was not evaluated by the "
                                             f"shared run {trained[key]['row']}")
+            record.update(protocol=row.protocol, random_baseline=record["random_baselines"][row.protocol])
             _summary(record, row)
             print(f"--- {cfg.name}: {row.row_name}: the model of {trained[key]['row']}", flush=True)
         else:
@@ -486,15 +583,11 @@ def run_rows(f) -> dict:
             record = run(row)
         if record.get("row_kind") in ("model", "untrained") and key not in trained:
             trained[key] = record
-        pointing = record.get("pointing") or {}
-        chosen = pointing.get(row.parse_mode) or pointing.get("baseline") or {}
-        results[cfg.stem] = {"name": row.row_name, "metrics": record["metrics"], "trials": chosen.get("trials"),
-                             "paper": common.paper_numbers(row.paper_results), "paper_dataset": row.paper_dataset,
-                             "protocol": row.protocol, "run_dir": row.run_dir, "seconds": record.get("seconds")}
+        results[cfg.stem] = table_row(record, row)
     dataset = str(load_embedded_dataset()) if not f.dataset_dir else f.dataset_dir
     out = {"rows": results, "seconds": time.time() - start}
     table2 = [r for stem, r in results.items() if stem.startswith("das_table2_")]
-    table1 = [r for stem, r in results.items() if stem.startswith("das_table1_")]
+    table1 = [r for stem, r in results.items() if stem.startswith("das_table1_") and not r.get("not_computed")]
     if table2:
         out["table2"] = format_table2(table2, dataset)
         print(out["table2"])
@@ -511,8 +604,7 @@ def _main() -> None:
         run_rows(f)
         return
     record = run(f)
-    m = record["metrics"]
-    print(f"{record['row']}: " + ", ".join(f"{k} {v:.2f}" for k, v in m.items()))
+    print(format_record(record, f))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")
 

@@ -34,6 +34,7 @@ from experiments import common
 from tf_twobranch import distribute, json_files
 from tf_twobranch.baselines.cca import CCABaseline
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.corpus import split_fingerprint
 from tf_twobranch.data.embedded import load_embedded_dataset
 from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.evaluation.phrase_localization import (evaluate_phrase_localization,
@@ -273,6 +274,13 @@ def train_model(f, data, run_dir: pathlib.Path, typed: dict | None = None) -> tu
     return model, info
 
 
+def _phrase_split_fingerprint(test) -> str:
+    """`split_fingerprint` of the test images and their phrases (in example order)."""
+    index = {image_id: i for i, image_id in enumerate(test.image_ids)}
+    return split_fingerprint(test.image_ids, [e.phrase for e in test.examples],
+                             [index[e.image_id] for e in test.examples])
+
+
 def run(f) -> dict:
     """Runs one Table 1 row; returns the results record (also written as JSON)."""
     start = time.time()
@@ -290,6 +298,8 @@ def run(f) -> dict:
               "paper": common.paper_numbers(f.paper_results), "marks": table_marks(f),
               "num_train_phrases": train.num_phrases, "num_test_phrases": test.num_phrases,
               "num_test_images": len(test.image_ids),
+              # No retrieval here: phrases are localized among their own image's proposals.
+              "protocol": "phrase_localization", "test_split_fingerprint": _phrase_split_fingerprint(test),
               "proposals_per_image": float(np.mean(test.num_proposals)),
               "random_baseline": random_localization_metrics(test, seed=f.seed)}
     if f.model == "cca":

@@ -101,6 +101,29 @@ def _row_overrides(argv: list[str]) -> list[str]:
     return [a for a in argv[1:] if a.startswith("-") and _flag_name(a) not in FLAGS]
 
 
+def format_table(records: list[dict], table: str) -> str:
+    """The rows' table, one per protocol and test split (rows are compared only on the same
+    split): each row beside the paper's numbers measured under its protocol, then chance."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["protocol"], record["test_split_fingerprint"]), []).append(record)
+    tables = []
+    for group in groups.values():
+        first = group[0]
+        title = common.table_title(
+            f"Table {table}-style bi-directional retrieval", dataset=first["dataset_dir"],
+            protocol=first["protocol"], num_images=first["num_test_images"],
+            num_captions=first["num_test_captions"], paper=any(r["paper"] for r in group),
+            paper_dataset=first["paper_dataset"], paper_protocol=first["paper_protocol"])
+        rows = [{"name": r["row"], "metrics": r["metrics"],
+                 "paper": common.paper_beside(r["paper"], r["paper_protocol"], r["protocol"],
+                                              r["num_test_images"])} for r in group]
+        notes = sorted({r["protocol_note"] for r in group if r.get("protocol_note")})
+        tables.append("\n".join([common.format_retrieval_table(title, rows, chance=first["random_baseline"]),
+                                  *(f"note: {n}" for n in notes)]))
+    return "\n\n".join(tables)
+
+
 def _main() -> None:
     overrides = _row_overrides(_expanded_argv(sys.argv))
     runs_dir = pathlib.Path(FLAGS.runs_dir) if FLAGS.runs_dir else common.REPO_ROOT / "runs"
@@ -122,17 +145,9 @@ def _main() -> None:
         print(f"\n=== {cfg.name}: {fv.row_name}", flush=True)
         record = isr.run(fv)
         records.append(record)
-        rows.append({"name": record["row"], "metrics": record["metrics"],
-                     "paper": record["paper"]})
-        print(common.format_retrieval_table(cfg.stem, rows[-1:]), flush=True)
-    first = records[0]
-    title = (f"Table {FLAGS.table}-style bi-directional retrieval on {first['dataset_dir']} "
-             f"({first['num_test_images']} test images, {first['num_test_captions']} sentences); "
-             f"'(paper)' rows: {first['paper_dataset']}")
-    chance = {"name": "chance (random embeddings, same protocol)",
-              "metrics": first["random_baseline"]}
+        print(isr.format_record(record), flush=True)
     print()
-    print(common.format_retrieval_table(title, rows + [chance]))
+    print(format_table(records, FLAGS.table))
     s2s = [(r["row"], r["sentence_retrieval"]) for r in records if "sentence_retrieval" in r]
     if s2s:
         print("\nSentence-to-sentence retrieval (Table 4 protocol):")

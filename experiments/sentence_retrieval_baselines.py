@@ -23,6 +23,7 @@ import os
 import pathlib
 import time
 
+import numpy as np
 from absl import app, flags
 
 from tf_twobranch.cli import absl_main, parse_flags
@@ -142,9 +143,15 @@ def run() -> dict:
         logger.info("%s: R@1 %.1f R@5 %.1f R@10 %.1f (%.0f s)", name, metrics["s2s_r1"], metrics["s2s_r5"],
                     metrics["s2s_r10"], seconds)
 
+    # Chance: random vectors ranked the same way (what an encoder must beat).
+    random_vectors = np.random.default_rng(FLAGS.seed).normal(size=(test.num_captions, 64)).astype(np.float32)
+    chance = sentence_retrieval_metrics(random_vectors, test.caption_image, ks=(1, 5, 10))
     output = {
-        "protocol": "sentence-to-sentence retrieval (TPAMI 2018 Table 4): each test caption queries the other "
-                    "test captions; positives are the other captions of the same image; cosine similarity",
+        "task": "sentence_retrieval_baselines", "protocol": "sentence_to_sentence",
+        "protocol_description": "sentence-to-sentence retrieval (TPAMI 2018 Table 4): each test caption "
+                                "queries the other test captions; positives are the other captions of the "
+                                "same image; cosine similarity",
+        "test_split_fingerprint": test.fingerprint(),
         "captions": os.path.abspath(FLAGS.captions),
         "train_split": os.path.abspath(FLAGS.train_split), "test_split": os.path.abspath(FLAGS.test_split),
         "train_images": train.num_images, "train_captions": train.num_captions,
@@ -153,6 +160,8 @@ def run() -> dict:
         "test_images_without_captions": test_missing,
         "word_vectors": word_vector_source, "word_vector_seconds": round(word_vector_seconds, 1),
         "results": results,
+        "random_baseline": {"R@1": chance["s2s_r1"], "R@5": chance["s2s_r5"], "R@10": chance["s2s_r10"],
+                            "medr": chance["s2s_medr"]},
     }
     print(format_table(output))
     if FLAGS.out_json:
@@ -163,14 +172,19 @@ def run() -> dict:
 def format_table(output: dict) -> str:
     """A Table 4-style text table of the results."""
     lines = [
-        f"Sentence-to-sentence retrieval, Flickr30K test: {output['test_images']} images, "
-        f"{output['test_captions']} captions ({output['test_images_without_captions']} test images without "
-        f"captions skipped); encoders fitted on {output['train_captions']} training captions",
+        f"Sentence-to-sentence retrieval (protocol {output['protocol']}), Flickr30K test: "
+        f"{output['test_images']} images, {output['test_captions']} captions "
+        f"({output['test_images_without_captions']} test images without captions skipped); encoders "
+        f"fitted on {output['train_captions']} training captions",
         f"word vectors: {output['word_vectors']}",
         f"{'features':<14}{'dim':>7}{'R@1':>7}{'R@5':>7}{'R@10':>7}{'medr':>6}",
     ]
     for name, r in output["results"].items():
         lines.append(f"{name:<14}{r['dim']:>7}{r['R@1']:>7.1f}{r['R@5']:>7.1f}{r['R@10']:>7.1f}{r['medr']:>6.0f}")
+    c = output.get("random_baseline")
+    if c:
+        lines.append(f"{'chance':<14}{'':>7}{c['R@1']:>7.1f}{c['R@5']:>7.1f}{c['R@10']:>7.1f}{c['medr']:>6.0f}"
+                     "  (random vectors, same protocol)")
     return "\n".join(lines)
 
 

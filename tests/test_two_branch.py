@@ -171,7 +171,10 @@ def test_evaluate_refuses_arguments_that_do_not_apply_and_keeps_the_protocol(mon
                     cap_img[sel] - 10 * f)
                 folds.append(retrieval.retrieval_metrics_from_ranks(i2t, t2i))
         want = {k: np.mean([m[k] for m in folds]) for k in folds[0]}
-        assert model.evaluate(split, protocol="coco_1k") == pytest.approx(want)
+        got = model.evaluate(split, protocol="coco_1k")
+        assert {k: got[k] for k in want} == pytest.approx(want)
+        assert got["num_folds"] == 4 and got["rsum_fold_std"] == pytest.approx(
+            np.std([m["rsum"] for m in folds]))
         assert model.evaluate(split) != pytest.approx(want)  # the folds are not the whole set
 
 

@@ -9,11 +9,29 @@ depends on a particular on-disk layout.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from tf_twobranch.errors import DataFormatError
+
+
+def split_fingerprint(image_ids: Sequence[str], captions: Sequence[str], caption_image) -> str:
+    """A hash of a split's ordered image ids and its captions with their images.
+
+    Two results are computed on the same split exactly when their
+    fingerprints agree: another image order, a caption edited, moved to
+    another image or dropped all change it. The text is hashed as UTF-8 with
+    separators that cannot occur in an id or a caption line.
+    """
+    digest = hashlib.sha256()
+    for image_id in image_ids:
+        digest.update(str(image_id).encode("utf-8") + b"\x00")
+    digest.update(b"\x01")
+    for caption, image in zip(captions, np.asarray(caption_image).tolist()):
+        digest.update(f"{image}\x1f{caption}".encode("utf-8") + b"\x00")
+    return "sha256:" + digest.hexdigest()[:16]
 
 
 @dataclasses.dataclass(eq=False)
@@ -93,6 +111,10 @@ class CaptionCorpus:
     @property
     def num_captions(self) -> int:
         return len(self.captions)
+
+    def fingerprint(self) -> str:
+        """`split_fingerprint` of this corpus (its ids, captions and their images, in order)."""
+        return split_fingerprint(self.image_ids, self.captions, self.caption_image)
 
     def image_index(self, image_id: str) -> int:
         """Position of `image_id` in `image_ids`; KeyError when absent."""

@@ -422,16 +422,90 @@ class Protocol:
     # Hodosh et al.'s protocol (the `*` rows of Karpathy et al.): only each
     # image's first caption is kept, N sentences for N images instead of 5N.
     first_caption_only: bool = False
+    # The test split's size the protocol is defined on (None: any size). A
+    # figure under a sized protocol is comparable with the literature's only
+    # on a split of that size, so any other size is refused.
+    test_images: int | None = None
+
+    @property
+    def required_images(self) -> int | None:
+        if self.test_images is not None:
+            return self.test_images
+        if self.fold_images is not None and self.num_folds is not None:
+            return self.fold_images * self.num_folds
+        return None
 
 
 PROTOCOLS = {
     "full": Protocol("full", None),
-    "flickr30k_1k": Protocol("flickr30k_1k", None),
+    "flickr30k_1k": Protocol("flickr30k_1k", None, test_images=1000),
+    "flickr8k_1k": Protocol("flickr8k_1k", None, test_images=1000),
     "coco_1k": Protocol("coco_1k", 1000, 5),
-    "coco_5k": Protocol("coco_5k", None),
+    "coco_5k": Protocol("coco_5k", None, test_images=5000),
     "first_caption": Protocol("first_caption", None, first_caption_only=True),
     "folds_100": Protocol("folds_100", 100),
 }
+
+
+def protocol_spec(protocol: str) -> Protocol:
+    if protocol not in PROTOCOLS:
+        raise UserInputError(f"unknown protocol {protocol!r}; expected one of "
+                             f"{sorted(PROTOCOLS)}")
+    return PROTOCOLS[protocol]
+
+
+def protocol_fits(protocol: str, num_images: int) -> bool:
+    """Whether `protocol` can be applied to a test split of `num_images` images."""
+    spec = protocol_spec(protocol)
+    if spec.required_images is not None:
+        return num_images == spec.required_images
+    return spec.fold_images is None or num_images >= spec.fold_images
+
+
+def protocol_mismatch(protocol: str, num_images: int, *, split: str = "the test split") -> str | None:
+    """Why `protocol` cannot be applied to a test split of `num_images` images (None: it can)."""
+    spec = protocol_spec(protocol)
+    if protocol_fits(protocol, num_images):
+        return None
+    if spec.required_images is not None:
+        expected = f"exactly {spec.required_images} test images"
+        if spec.fold_images:
+            expected += f" ({spec.num_folds} folds of {spec.fold_images})"
+    else:
+        expected = f"at least {spec.fold_images} test images (folds of {spec.fold_images})"
+    return f"protocol {protocol} needs {expected}, but {split} has {num_images}"
+
+
+def check_protocol(protocol: str, num_images: int, *, split: str = "the test split") -> None:
+    """Refuses a protocol applied to a test split of the wrong size (naming both)."""
+    reason = protocol_mismatch(protocol, num_images, split=split)
+    if reason:
+        raise UserInputError(f"{reason}; pass --protocol=full to score this split as one gallery")
+
+
+def describe_protocol(protocol: str, num_images: int) -> str:
+    """What a figure under `protocol` on `num_images` test images is, for table titles."""
+    spec = protocol_spec(protocol)
+    if spec.first_caption_only:
+        return f"protocol {protocol}: one gallery of {num_images} test images, each with its first caption"
+    if spec.fold_images is None:
+        return f"protocol {protocol}: one gallery of {num_images} test images"
+    folds = spec.num_folds or num_images // spec.fold_images
+    return (f"protocol {protocol}: mean (± std) of {folds} folds of {spec.fold_images} images "
+            f"of the {num_images} test images")
+
+
+def protocols_agree(protocol: str, num_images: int, other: str | None) -> bool:
+    """Whether a figure under `protocol` on `num_images` test images is measured like one
+    under `other` (e.g. the paper's): the same protocol, or "full" on exactly the
+    test-split size of a single-gallery protocol (one gallery of 5,000 is coco_5k)."""
+    if not other:
+        return False
+    if other == protocol:
+        return True
+    spec = protocol_spec(other)
+    return (protocol == "full" and spec.fold_images is None and not spec.first_caption_only
+            and spec.required_images == num_images)
 
 
 def first_caption_rows(caption_image) -> np.ndarray:
@@ -446,12 +520,17 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
                       score_fn_factory: Callable | None = None) -> dict:
     """Metrics under a named protocol.
 
-    "coco_1k" averages five consecutive 1,000-image folds (and their
-    captions) of the 5K test set; "coco_5k", "flickr30k_1k" and "full" use
-    the whole given test set as one gallery; "first_caption" (Hodosh et
-    al., the `*` rows of Karpathy et al.) keeps only each image's first
-    caption, one gallery of N images and N captions; "folds_100" (Das et al.,
-    Table 1) averages as many consecutive 100-image folds as fit.
+    "coco_1k" averages the five consecutive 1,000-image folds (and their
+    captions) of the 5K test set; "coco_5k" (5,000 images), "flickr30k_1k"
+    and "flickr8k_1k" (1,000 images) and "full" (any size) use the whole
+    given test set as one gallery; "first_caption" (Hodosh et al., the `*`
+    rows of Karpathy et al.) keeps only each image's first caption, one
+    gallery of N images and N captions; "folds_100" (Das et al., Table 1)
+    averages as many consecutive 100-image folds as fit. A sized protocol
+    applied to a test set of another size is refused (`check_protocol`).
+
+    Fold protocols also give the spread of the folds: `num_folds` and, per
+    metric, `<metric>_fold_std` (population standard deviation over folds).
 
     Models whose score is not a dot product of the two embeddings (the
     similarity network) pass `score_fn_factory(image_embeds, text_embeds)`,
@@ -459,10 +538,8 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
     is then ranked through it. The embeddings may then be any per-item
     arrays the factory understands.
     """
-    if protocol not in PROTOCOLS:
-        raise UserInputError(f"unknown protocol {protocol!r}; expected one of "
-                             f"{sorted(PROTOCOLS)}")
-    spec = PROTOCOLS[protocol]
+    spec = protocol_spec(protocol)
+    check_protocol(protocol, len(image_embeds))
     if score_fn_factory is None:
         image_embeds = np.asarray(image_embeds, np.float32)
         text_embeds = np.asarray(text_embeds, np.float32)
@@ -481,21 +558,16 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
     if spec.fold_images is None:
         return metrics(image_embeds, text_embeds, caption_image)
     num_folds = spec.num_folds or len(image_embeds) // spec.fold_images
-    available = len(image_embeds) // spec.fold_images
-    if available < 1:
-        raise UserInputError(f"protocol {protocol} needs at least {spec.fold_images} test "
-                             f"images, got {len(image_embeds)}")
-    if available < num_folds:
-        # A smaller test set (e.g. the embedded data) gets as many folds as fit.
-        logging.warning("protocol %s: only %d of %d folds of %d images fit the %d test images",
-                        protocol, available, num_folds, spec.fold_images, len(image_embeds))
-        num_folds = available
     fold_metrics = []
     for f in range(num_folds):
         lo, hi = f * spec.fold_images, (f + 1) * spec.fold_images
         sel = (caption_image >= lo) & (caption_image < hi)
         fold_metrics.append(metrics(image_embeds[lo:hi], text_embeds[sel], caption_image[sel] - lo))
-    return {key: float(np.mean([m[key] for m in fold_metrics])) for key in fold_metrics[0]}
+    out = {key: float(np.mean([m[key] for m in fold_metrics])) for key in fold_metrics[0]}
+    out.update({f"{key}_fold_std": float(np.std([m[key] for m in fold_metrics]))
+                for key in fold_metrics[0]})
+    out["num_folds"] = num_folds
+    return out
 
 
 def random_baseline_metrics(num_images: int, caption_image, *, protocol: str = "full",
