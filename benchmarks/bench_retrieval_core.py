@@ -17,12 +17,12 @@ Benchmarks print figures; they are not tests.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import pathlib
 import time
 
 import numpy as np
+
+from tf_twobranch.json_files import write_json
 
 
 def _unit_rows(rng, rows: int, dim: int) -> np.ndarray:
@@ -103,8 +103,7 @@ def main(argv=None) -> dict:
           + (f"; old two-pass core {result['two_pass_ratio_median']:.2f}x" if "two_pass_ratio_median" in result
              else ""), flush=True)
     if args.out_json:
-        pathlib.Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out_json).write_text(json.dumps(result, indent=1))
+        write_json(args.out_json, result)
     return result
 
 

@@ -46,7 +46,6 @@ figures; they are not tests.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import shutil
@@ -56,6 +55,8 @@ import threading
 import time
 
 import numpy as np
+
+from tf_twobranch.json_files import write_json
 
 from benchmarks import scale_data
 
@@ -249,8 +250,7 @@ def main(argv=None) -> dict:
               f"COCO {law['coco_gb']:.2f} GB  [{'PASS' if law['pass'] else 'FAIL'}: slope <= "
               f"{SLOPE_TARGET_MB} MB/image, COCO <= {PEAK_TARGET_GB:.0f} GB, every run < 8 GB]", flush=True)
     if args.out_json:
-        pathlib.Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out_json).write_text(json.dumps(results, indent=1))
+        write_json(args.out_json, results)
     return results
 
 

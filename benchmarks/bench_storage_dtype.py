@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from tf_twobranch.json_files import write_json
+
 ROWS = {
     "two_branch": ("experiments.image_sentence_retrieval", "table2_b5_nonlinear_bidir_nbr_sampling"),
     "fragments": ("experiments.fragment_embeddings", "karpathy_table2_fragment_global"),
@@ -105,8 +107,7 @@ def main(argv=None) -> dict:
               f"seed spread: std {s['seed_std']:.2f}, range {s['seed_range']:.1f}  "
               f"[{'PASS' if s['pass'] else 'FAIL'}: mean |d| < seed std]", flush=True)
     if args.out_json:
-        pathlib.Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out_json).write_text(json.dumps(results, indent=1))
+        write_json(args.out_json, results)
     return results
 
 

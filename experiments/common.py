@@ -330,6 +330,15 @@ def paper_beside(paper, paper_protocol: str, protocol: str, num_test_images: int
     return None
 
 
+def groups_by_test_split(records: list[dict]) -> list[list[dict]]:
+    """Run records grouped by (protocol, test-split fingerprint), in first-seen order: rows are
+    put in one table only when they were measured the same way on the same split."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["protocol"], record["test_split_fingerprint"]), []).append(record)
+    return list(groups.values())
+
+
 def table_title(what: str, *, protocol: str, num_images: int, num_captions: int,
                 paper=None, paper_dataset: str = "", paper_protocol: str = "",
                 dataset: str = "") -> str:

@@ -553,12 +553,8 @@ def run_rows(f) -> dict:
     out = {"rows": results}
     for table, dataset in (("2", "Flickr8K"), ("3", "Flickr30K")):
         rows = [r for stem, r in results.items() if stem.startswith(f"karpathy_table{table}_")]
-        # One table per protocol and split: rows are compared only when measured the same way.
-        groups: dict[tuple, list[dict]] = {}
-        for r in rows:
-            groups.setdefault((r["protocol"], r["test_split_fingerprint"]), []).append(r)
         texts = []
-        for group in groups.values():
+        for group in common.groups_by_test_split(rows):
             first = group[0]
             title = common.table_title(
                 f"Karpathy et al. Table {table} rows", dataset=done and next(iter(done.values()))["dataset"],

@@ -451,12 +451,9 @@ def format_table2(rows: list[dict], dataset: str) -> str:
 def format_table1(rows: list[dict], dataset: str) -> str:
     """Table 1's layout: R@1/5/10 image-to-caption and caption-to-image, the paper's below when
     measured under the same protocol, chance last; one table per protocol and test split."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["protocol"], r["test_split_fingerprint"]), []).append(r)
     head = "".join(f"{c:>7}" for c in ("R@1", "R@5", "R@10"))
     tables = []
-    for group in groups.values():
+    for group in common.groups_by_test_split(rows):
         first = group[0]
         width = max([len(r["name"]) for r in group] + [len(common.CHANCE_ROW), 34])
         title = common.table_title(

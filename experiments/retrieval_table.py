@@ -104,11 +104,8 @@ def _row_overrides(argv: list[str]) -> list[str]:
 def format_table(records: list[dict], table: str) -> str:
     """The rows' table, one per protocol and test split (rows are compared only on the same
     split): each row beside the paper's numbers measured under its protocol, then chance."""
-    groups: dict[tuple, list[dict]] = {}
-    for record in records:
-        groups.setdefault((record["protocol"], record["test_split_fingerprint"]), []).append(record)
     tables = []
-    for group in groups.values():
+    for group in common.groups_by_test_split(records):
         first = group[0]
         title = common.table_title(
             f"Table {table}-style bi-directional retrieval", dataset=first["dataset_dir"],
