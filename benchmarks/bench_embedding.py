@@ -216,7 +216,7 @@ def _make_variant_model(variant: str, kind: str = "embedding", sizes: dict = PAP
                         lambda g: self.optimizer.apply(g, self.trainable_variables),
                         jit_compile=True)
                 with tf.GradientTape() as tape:
-                    loss = self.compute_task_loss(data, training=True)
+                    loss = self.objective(data, training=True)["loss"]
                     scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
                 grads = tape.gradient(scaled, self.trainable_variables)
                 self._jit_apply(grads)
@@ -380,12 +380,12 @@ def _breakdown_child(jit_compile: bool, repeats: int) -> dict:
 
     @fn
     def forward():
-        return model.compute_task_loss(batch, training=True)
+        return model.objective(batch, training=True)["loss"]
 
     @fn
     def forward_backward():
         with tf.GradientTape() as tape:
-            loss = model.compute_task_loss(batch, training=True)
+            loss = model.objective(batch, training=True)["loss"]
         return tape.gradient(loss, model.trainable_variables)
 
     @fn

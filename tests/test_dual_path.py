@@ -148,7 +148,7 @@ def test_shared_classifier_gets_gradients_from_both_branches(fixed_model):
     batch = tiny_batch()
     for term in ("image_instance_loss", "text_instance_loss"):
         with tf.GradientTape() as tape:
-            value = model.compute_losses(batch, training=False)[term]
+            value = model.objective(batch, training=False)[term]
         grad = tape.gradient(value, model.classifier.kernel)
         assert grad is not None and np.abs(grad.numpy()).max() > 0, term
     out = model(batch)
@@ -192,7 +192,7 @@ def test_stage_one_freezes_backbone_and_stage_two_trains_it():
 def test_losses_of_a_step_match_the_loss_functions(fixed_model):
     model = fixed_model
     batch = tiny_batch(negatives=3)
-    terms = model.compute_losses(batch, training=False)
+    terms = model.objective(batch, training=False)
     img = model.image_tower(batch["image"], training=False).numpy()
     txt = model.text_tower(np.concatenate([batch["token_ids"], batch["negative_token_ids"]]),
                            training=False).numpy()

@@ -36,7 +36,7 @@ def test_config_round_trip_and_validation():
     assert TwoBranchConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     with pytest.raises(ConfigError, match="layout"):
         tiny_config(layout="fancy")
-    with pytest.raises(ConfigError, match="unknown model config keys"):
+    with pytest.raises(ConfigError, match="unknown two-branch model configuration keys"):
         TwoBranchConfig.from_dict({"imag_dim": 3})
 
 

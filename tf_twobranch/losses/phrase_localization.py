@@ -14,7 +14,7 @@ matched phrases for the neighbourhood terms. The terms are combined with
 weights, and the negatives come from masks over the whole batch. No
 per-example vector exists whose Keras reduction is this value and to which
 a `sample_weight` could apply. The models call the pure function from their
-train step (`TwoBranchModel.loss_from_outputs`, via
+train step (`TwoBranchModel.objective`, via
 `phrase_localization_batch_loss`).
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ average over all texts and all images. These are anchor sets of different
 sizes, combined with weights, and every hinge depends on the whole batch. No
 per-example vector exists whose Keras "sum_over_batch_size" reduction is this
 value and to which a `sample_weight` could apply. The models call the pure
-function from their train step (`TwoBranchModel.loss_from_outputs`).
+function from their train step (`TwoBranchModel.objective`).
 """
 from __future__ import annotations
 

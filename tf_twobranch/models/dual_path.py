@@ -81,9 +81,8 @@ you pass `optimizer=`; it also drops the traced train/test functions.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import keras
 import numpy as np
@@ -93,9 +92,9 @@ from tf_twobranch import distribute, losses
 from tf_twobranch.batching import in_batches, unpack_batch
 from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
-from tf_twobranch.json_files import read_json_object
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.features.backbones import build_backbone
+from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
 from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
 from tf_twobranch.vectors import l2_normalize_rows
 
@@ -109,7 +108,7 @@ LAYOUTS = ("paper", "reference")
 
 
 @dataclasses.dataclass
-class DualPathConfig:
+class DualPathConfig(ModelConfig):
     """Architecture, losses and stage of a dual-path model (JSON-serialisable).
 
     `vocabulary_size` counts the padding id 0; `num_classes` is the number of
@@ -117,6 +116,10 @@ class DualPathConfig:
     blocks per stage of the layout (e.g. (1, 1, 1, 1) in tests); `text_width`
     is the bottleneck width of the first stage (64 as ResNet-50).
     """
+    FAMILY: ClassVar[str] = "dual_path"
+    FILE_NAME: ClassVar[str] = "dual_path_config.json"
+    DESCRIPTION: ClassVar[str] = "dual-path model configuration"
+
     vocabulary_size: int
     num_classes: int
     image_backbone: str = "resnet50"
@@ -184,22 +187,12 @@ class DualPathConfig:
             check(self.hidden_dim == self.embed_dim,
                   "head_layout 'reference' ends with the hidden FC: hidden_dim must equal embed_dim")
 
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
-
     @classmethod
     def from_dict(cls, d: dict) -> "DualPathConfig":
-        if not isinstance(d, dict):
-            raise ConfigError(f"a dual-path config must be a JSON object, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ConfigError(f"unknown dual-path config keys: {sorted(unknown)}")
-        missing = {"vocabulary_size", "num_classes"} - set(d)
+        missing = {"vocabulary_size", "num_classes"} - set(d) if isinstance(d, dict) else ()
         if missing:
             raise ConfigError(f"dual-path config lacks {sorted(missing)}")
-        return cls(**d)
+        return super().from_dict(d)
 
     def stage_lambdas(self, stage: int | None = None) -> tuple[float, float, float]:
         """(λ_rank, λ_image, λ_text) of a stage: Stage I uses the instance loss only."""
@@ -475,7 +468,7 @@ class DualPathModel(keras.Model):
         self({"image": tf.zeros([n, s, s, 3]), "token_ids": tf.ones([n, self.config.max_len], tf.int32)})
         return self
 
-    def compute_losses(self, batch: dict, training: bool) -> dict:
+    def objective(self, batch: dict, training: bool = True) -> dict:
         """This replica's share of every loss term (sum over local rows / global rows)."""
         labels = tf.cast(tf.reshape(batch["label"], [-1]), tf.int32)
         token_ids = tf.cast(batch["token_ids"], tf.int32)
@@ -528,7 +521,7 @@ class DualPathModel(keras.Model):
     def train_step(self, data):
         batch = unpack_batch(data)
         with tf.GradientTape() as tape:
-            terms = self.compute_losses(batch, training=True)
+            terms = self.objective(batch, training=True)
             scaled = self.optimizer.scale_loss(terms["loss"])
         variables = self.trainable_variables
         grads = tape.gradient(scaled, variables)
@@ -536,7 +529,7 @@ class DualPathModel(keras.Model):
         return self._update_metrics(terms)
 
     def test_step(self, data):
-        return self._update_metrics(self.compute_losses(unpack_batch(data), training=False))
+        return self._update_metrics(self.objective(unpack_batch(data), training=False))
 
     @property
     def metrics(self):
@@ -689,20 +682,13 @@ def build_dual_path_model(config: DualPathConfig | dict,
 
 
 def save_dual_path_config(path, config: DualPathConfig, **extra) -> None:
-    """Writes ``{"model": config, **extra}`` as JSON (next to the weights)."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"model": config.to_dict(), **extra}, f, indent=2, sort_keys=True)
+    """Writes ``{"model": config, **extra}`` next to the weights (`models.base`)."""
+    save_model_config(path, config, **extra)
 
 
 def load_dual_path_config(path) -> DualPathConfig:
     """Reads a config written by `save_dual_path_config`."""
-    data = read_json_object(path, "dual-path configuration")
-    if not isinstance(data.get("model"), dict):
-        raise DataFormatError(path, "expected a JSON object with a 'model' object")
-    try:
-        return DualPathConfig.from_dict(data["model"])
-    except ConfigError as err:
-        raise DataFormatError(path, str(err), record="model") from None
+    return load_model_config(path, DualPathConfig)[0]
 
 
 def load_dual_path_model(config_path, weights_path) -> DualPathModel:

@@ -29,7 +29,7 @@ Inputs are padded batches: ``image_fragments`` (B, M, D) float with
 from __future__ import annotations
 
 import dataclasses
-import json
+from typing import ClassVar
 
 import keras
 import numpy as np
@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tf_twobranch.batching import unpack_batch
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.json_files import read_json_object
+from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
 from tf_twobranch.losses import fragment as fragment_losses
 
 REPRESENTATIONS = ("fragments", "devise")
@@ -47,7 +47,11 @@ __all__ = ["REPRESENTATIONS", "FragmentEmbeddingConfig", "SentenceFragmentEncode
 
 
 @dataclasses.dataclass
-class FragmentEmbeddingConfig:
+class FragmentEmbeddingConfig(ModelConfig):
+    FAMILY: ClassVar[str] = "fragment_embedding"
+    FILE_NAME: ClassVar[str] = "fragment_config.json"
+    DESCRIPTION: ClassVar[str] = "fragment-model configuration"
+
     image_dim: int                 # CNN feature size of an image fragment (4096 for RCNN fc7)
     num_relations: int
     vocabulary_size: int
@@ -99,16 +103,6 @@ class FragmentEmbeddingConfig:
         """S_kl's settings, as `global_scores` and the retrieval scorer take them."""
         return {"smoothing": self.smoothing, "normaliser": self.normaliser, "global_score": self.global_score}
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "FragmentEmbeddingConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown fragment-model configuration keys {unknown}")
-        return cls(**d)
 
 
 @keras.saving.register_keras_serializable(package="tf_twobranch")
@@ -325,16 +319,9 @@ def build_fragment_model(config: FragmentEmbeddingConfig | dict,
 
 
 def save_fragment_config(path, config: FragmentEmbeddingConfig, **extra) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"model": config.to_dict(), **extra}, f, indent=2, sort_keys=True)
+    save_model_config(path, config, **extra)
 
 
 def load_fragment_config(path) -> tuple[FragmentEmbeddingConfig, dict]:
     """The configuration written by `save_fragment_config` and its extra entries."""
-    data = read_json_object(path, "fragment-model configuration")
-    if not isinstance(data.get("model"), dict):
-        raise DataFormatError(path, "expected a JSON object with a 'model' object")
-    try:
-        return FragmentEmbeddingConfig.from_dict(data.pop("model")), data
-    except ConfigError as err:
-        raise DataFormatError(path, str(err), record="model") from None
+    return load_model_config(path, FragmentEmbeddingConfig)

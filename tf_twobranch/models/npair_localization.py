@@ -26,7 +26,7 @@ Image b is paired with caption b.
 from __future__ import annotations
 
 import dataclasses
-import json
+from typing import ClassVar
 
 import keras
 import numpy as np
@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.json_files import read_json_object
+from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
 from tf_twobranch.losses import npair as npair_losses
 from tf_twobranch.losses import localization_volume as volume
 
@@ -45,7 +45,11 @@ __all__ = ["LOSSES", "START_TOKEN", "END_TOKEN", "NPairLocalizationConfig", "NPa
 
 
 @dataclasses.dataclass
-class NPairLocalizationConfig:
+class NPairLocalizationConfig(ModelConfig):
+    FAMILY: ClassVar[str] = "npair_localization"
+    FILE_NAME: ClassVar[str] = "npair_config.json"
+    DESCRIPTION: ClassVar[str] = "N-pair localization model configuration"
+
     vocabulary_size: int
     map_channels: int               # C of the backbone map (512 for VGG-19 block5_conv4)
     map_size: int = 14              # h = w of the backbone map
@@ -77,16 +81,6 @@ class NPairLocalizationConfig:
         if self.margin < 0:
             raise ConfigError(f"margin must be >= 0, got {self.margin}")
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "NPairLocalizationConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown N-pair model configuration keys {unknown}")
-        return cls(**d)
 
 
 class NPairLocalizationModel(keras.Model):
@@ -165,17 +159,17 @@ class NPairLocalizationModel(keras.Model):
                                                  token_average=c.token_average)
 
     # ---------------------------------------------------------------- loss
-    def objective(self, batch, training=True):
+    def objective(self, batch, training=True) -> dict:
         c = self.config
         maps, tokens = self.encode(batch, training)
-        return npair_losses.localization_batch_loss(
+        return {"loss": npair_losses.localization_batch_loss(
             maps, tokens, batch["token_mask"], loss=c.loss, aggregator=c.aggregator,
-            token_average=c.token_average, temperature=c.temperature, margin=c.margin)
+            token_average=c.token_average, temperature=c.temperature, margin=c.margin)}
 
     def train_step(self, data):
         data, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
-            loss = self.objective(data, training=True)
+            loss = self.objective(data, training=True)["loss"]
             scaled = self.optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, self.trainable_variables)
         self.optimizer.apply(grads, self.trainable_variables)
@@ -184,7 +178,7 @@ class NPairLocalizationModel(keras.Model):
 
     def test_step(self, data):
         data, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        self.loss_tracker.update_state(self.objective(data, training=False))
+        self.loss_tracker.update_state(self.objective(data, training=False)["loss"])
         return {"loss": self.loss_tracker.result()}
 
     @property
@@ -204,16 +198,9 @@ def build_npair_model(config: NPairLocalizationConfig | dict, word_vectors: np.n
 
 
 def save_npair_config(path, config: NPairLocalizationConfig, **extra) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"model": config.to_dict(), **extra}, f, indent=2, sort_keys=True)
+    save_model_config(path, config, **extra)
 
 
 def load_npair_config(path) -> tuple[NPairLocalizationConfig, dict]:
     """The configuration written by `save_npair_config` and its extra entries."""
-    data = read_json_object(path, "N-pair localization model configuration")
-    if not isinstance(data.get("model"), dict):
-        raise DataFormatError(path, "expected a JSON object with a 'model' object")
-    try:
-        return NPairLocalizationConfig.from_dict(data.pop("model")), data
-    except (ConfigError, TypeError) as err:
-        raise DataFormatError(path, str(err), record="model") from None
+    return load_model_config(path, NPairLocalizationConfig)

@@ -14,8 +14,7 @@ trainer writes next to the weights as JSON.
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import keras
 import numpy as np
@@ -25,6 +24,7 @@ from tf_twobranch import distribute, losses
 from tf_twobranch.batching import in_batches, inference_function, unpack_batch
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
+from tf_twobranch.models.base import ModelConfig, save_model_config
 from tf_twobranch.models.branches import BRANCH_LAYOUTS, build_feature_branch
 from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
 from tf_twobranch.models.text_towers import build_lstm_text_tower
@@ -34,8 +34,11 @@ TEXT_ENCODERS = ("features", "lstm")
 
 
 @dataclasses.dataclass
-class TwoBranchConfig:
+class TwoBranchConfig(ModelConfig):
     """Architecture and loss of a two-branch model (JSON-serialisable)."""
+    FAMILY: ClassVar[str] = "two_branch"
+    FILE_NAME: ClassVar[str] = "run_config.json"
+    DESCRIPTION: ClassVar[str] = "two-branch model configuration"
     kind: str = "embedding"
     image_dim: int = 4096
     text_dim: int = 6000          # ignored by the LSTM text encoder
@@ -87,20 +90,6 @@ class TwoBranchConfig:
                   "the LSTM text encoder needs a vocabulary")
         else:
             check(self.text_dim >= 1, "text_dim must be positive")
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TwoBranchConfig":
-        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ConfigError(f"unknown model config keys: {sorted(unknown)}")
-        return cls(**d)
 
     def loss_kwargs(self) -> dict:
         return dict(margin=self.margin, top_k=self.top_k,
@@ -208,8 +197,8 @@ class TwoBranchModel(keras.Model):
         return self
 
     # --- training ------------------------------------------------------------
-    def compute_task_loss(self, batch, training):
-        """The task's loss for one (global) batch; the batch's keys say which task.
+    def objective(self, batch, training=True) -> dict:
+        """The loss terms of one (global) batch (``"loss"``: the total); the batch's keys say which task.
 
         * ``labels`` (texts × images) — image–sentence triplets (TPAMI §5.1);
         * ``phrase_region_positive`` — Algorithm 1 region–phrase triplets
@@ -217,9 +206,9 @@ class TwoBranchModel(keras.Model):
         * similarity network: ``labels`` per pair, with ``pair_mask`` for
           Algorithm 1's padded pair batches.
         """
-        return self.loss_from_outputs(self(batch, training=training), batch)
+        return {"loss": self._loss_from_outputs(self(batch, training=training), batch)}
 
-    def loss_from_outputs(self, out: dict, batch: dict) -> tf.Tensor:
+    def _loss_from_outputs(self, out: dict, batch: dict) -> tf.Tensor:
         """The task's loss given the towers' outputs for the whole batch.
 
         The ranking terms use their static-shape forms (`static_shapes=True`
@@ -257,12 +246,12 @@ class TwoBranchModel(keras.Model):
         inputs (`distribute.split_global_batch`) and the global label
         matrices; the replicas' outputs are all-gathered (differentiably) so
         the ranking terms see every in-batch negative of the global batch.
-        Outside distribution this is `compute_task_loss`.
+        Outside distribution this is `objective(...)["loss"]`.
         """
         out = self(batch, training=training)
         if distribute.num_replicas() > 1:
             out = {k: distribute.cross_replica_concat(v) for k, v in out.items()}
-        return self.loss_from_outputs(out, batch)
+        return self._loss_from_outputs(out, batch)
 
     def train_step(self, data):
         data = unpack_batch(data)
@@ -371,5 +360,4 @@ def build_model(config: TwoBranchConfig | dict) -> TwoBranchModel:
 
 
 def save_config(path, config: TwoBranchConfig, **extra):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"model": config.to_dict(), **extra}, f, indent=2, sort_keys=True)
+    save_model_config(path, config, **extra)
