@@ -194,7 +194,7 @@ def test_load_run_rebuilds_the_fragment_model_from_the_run_folder_alone(mil_run)
 
     record, run_dir = mil_run
     run = load_run(run_dir)
-    assert run.family == "fragment_embeddings" and run.results["metrics"] == record["metrics"]
+    assert run.family == "fragment_embedding" and run.results["metrics"] == record["metrics"]
     _, _, _, _, model = fe.load_row(run_dir)
     for a, b in zip(run.model.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)

@@ -1,35 +1,38 @@
 """A trained run, loaded from its folder alone.
 
-`load_run(run_dir)` recognises the model family from what the experiment
-wrote and rebuilds the trained model:
+`load_run(run_dir)` reads the run's task from the folder
+(`run_folders.read_run_task`: ``results.json["task"]`` or the files only
+that kind of run writes) and hands the folder to the loader registered for
+it in `RUN_LOADERS` (one per model family, imported only when needed):
 
 * two-branch networks (image–sentence and phrase-localization runs):
   ``run_config.json`` with the model configuration, weights in
   ``checkpoints/<checkpoint>.weights.h5``;
 * the dual path (instance-loss runs): ``dual_path_config.json`` beside
   ``run_config.json`` in a stage folder; given the run folder itself, its
-  last stage (``stage2``, else ``stage1``) is loaded.
+  last stage (``stage2``, else ``stage1``) is loaded;
 * deep fragment embeddings: ``fragment_config.json`` in the last stage
-  folder (the frozen word vectors are part of the checkpoint); its
-  fragments are rebuilt with ``experiments.fragment_embeddings.load_row``.
-* N-pair localization runs (``npair_config.json``) are recognised and
-  refused with a pointer to ``experiments.npair_localization.load_row``:
-  their checkpoint includes the image backbone, rebuilt from the dataset.
+  folder (the frozen word vectors are part of the checkpoint);
+* N-pair localization: ``npair_config.json``; the image backbone is rebuilt
+  from the run's dataset.
 
 The run's ``results.json`` (the metrics the experiment printed) comes with
 it when present, and `Run.evaluation_split()` gives the test split the
 run was evaluated on, so that ``run.model.evaluate(run.evaluation_split())``
-returns the retrieval metrics of ``run.results["metrics"]``. The experiments
+returns the metrics of ``run.results["metrics"]``. The experiments
 record that split in ``results.json["evaluation"]`` (`record_feature_split`,
 `record_dual_path_split`): feature files by reference (the feature cache or
 the user's files, checked by a fingerprint when read back), arrays that exist
 nowhere else in ``<run>/evaluation/``, and for the dual path the recipe that
-rebuilds its test images and token rows from the dataset.
+rebuilds its test images and token rows from the dataset. A family whose
+split is rebuilt otherwise gives its `Run` a ``split_reader``.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import pathlib
+from typing import Callable
 
 import keras
 import numpy as np
@@ -41,34 +44,45 @@ from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.json_files import read_json_object
-from tf_twobranch.models.dual_path import load_dual_path_model
-from tf_twobranch.models.fragment_embedding import build_fragment_model, load_fragment_config
+from tf_twobranch.models.dual_path import DualPathConfig, load_dual_path_model
+from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
+                                                    load_fragment_config)
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.run_folders import read_run_task
 from tf_twobranch.sampling.dual_path import test_split
 
-__all__ = ["Run", "load_run", "FAMILIES", "record_feature_split", "record_dual_path_split",
-           "dual_path_test_split"]
+__all__ = ["Run", "load_run", "FAMILIES", "RUN_LOADERS", "record_feature_split",
+           "record_dual_path_split", "dual_path_test_split", "run_weights", "run_results"]
 
-FAMILIES = ("two_branch", "dual_path", "fragment_embeddings")
+FAMILIES = ("two_branch", "dual_path", "fragment_embedding", "npair_localization")
+
+# The loader of each task's runs (run_folders.TASKS), as "module:function"
+# taking (run_dir, checkpoint) and returning a `Run`.
+RUN_LOADERS = {
+    "image_sentence_retrieval": "tf_twobranch.runs:load_two_branch_run",
+    "phrase_localization": "tf_twobranch.runs:load_two_branch_run",
+    "dual_path": "tf_twobranch.runs:load_dual_path_run",
+    "fragment_embeddings": "tf_twobranch.runs:load_fragment_run",
+    "npair_localization": "tf_twobranch.runs:load_npair_run",
+}
 
 
 @dataclasses.dataclass
 class Run:
     run_dir: pathlib.Path      # the folder holding the loaded weights
-    family: str                # one of FAMILIES
+    family: str                # one of FAMILIES (the `ModelConfig.FAMILY` of its model)
     model: keras.Model
     config: dict               # run_config.json: model, training and flag values
     results: dict | None       # results.json of the experiment, when written
+    # Rebuilds the evaluation split where results.json["evaluation"] does not describe it.
+    split_reader: Callable[["Run"], EvaluationSplit] | None = None
 
     def evaluation_split(self) -> EvaluationSplit:
         """The test split this run was evaluated on (what `self.model.evaluate` takes)."""
+        if self.split_reader is not None:
+            return self.split_reader(self)
         record = (self.results or {}).get("evaluation")
         if record is None:
-            if self.config.get("task") == "fragment_embeddings":
-                raise UserInputError(
-                    f"{self.run_dir}: a deep-fragment-embedding run is evaluated on fragments (S_kl), "
-                    "not an EvaluationSplit: experiments.fragment_embeddings.load_row(run_dir) rebuilds "
-                    "its test fragments and model, and .evaluate(...) there gives its metrics")
             if self.config.get("task") == "phrase_localization":
                 raise UserInputError(
                     f"{self.run_dir}: a phrase-localization run has no retrieval split; it is "
@@ -83,7 +97,8 @@ class Run:
         raise UserInputError(f"{self.run_dir}: unknown evaluation record kind {record.get('kind')!r}")
 
 
-def _weights(folder: pathlib.Path, checkpoint: str) -> pathlib.Path:
+def run_weights(folder: pathlib.Path, checkpoint: str) -> pathlib.Path:
+    """``<folder>/checkpoints/<checkpoint>.weights.h5``, or an error listing what is there."""
     weights = folder / "checkpoints" / f"{checkpoint}.weights.h5"
     if not weights.exists():
         found = sorted(p.name for p in (folder / "checkpoints").glob("*.weights.h5"))
@@ -91,10 +106,19 @@ def _weights(folder: pathlib.Path, checkpoint: str) -> pathlib.Path:
     return weights
 
 
-def _results(run_dir: pathlib.Path, folder: pathlib.Path) -> dict | None:
+def run_results(run_dir: pathlib.Path, folder: pathlib.Path) -> dict | None:
+    """The experiment's results.json of a run (in its stage folder or the run folder)."""
     for candidate in (folder / "results.json", run_dir / "results.json"):
         if candidate.exists():
             return read_json_object(candidate, "experiment results")
+    return None
+
+
+def _config_folder(run_dir: pathlib.Path, file_name: str,
+                   stages: tuple[str, ...] = ("stage2", "stage1", ".")) -> pathlib.Path | None:
+    for stage in stages:
+        if (run_dir / stage / file_name).is_file():
+            return (run_dir / stage).resolve() if stage != "." else run_dir
     return None
 
 
@@ -103,43 +127,66 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
     run_dir = pathlib.Path(run_dir)
     if not run_dir.is_dir():
         raise UserInputError(f"{run_dir}: run folder does not exist")
-    folder = run_dir
-    if not (folder / "dual_path_config.json").exists():
-        stages = [run_dir / s for s in ("stage2", "stage1") if (run_dir / s / "dual_path_config.json").exists()]
-        if stages and not (run_dir / "run_config.json").exists():
-            folder = stages[0]
-    fragment_stages = [run_dir / s for s in ("stage2", "stage1", ".") if (run_dir / s / "fragment_config.json").exists()]
-    if fragment_stages:
-        folder = fragment_stages[0]
-        fragment_config, _ = load_fragment_config(folder / "fragment_config.json")
-        # W_e (frozen word vectors) is a weight of the checkpoint: no data needed.
-        model = build_fragment_model(fragment_config)
-        load_checkpoint(model, _weights(folder, checkpoint))
-        config = read_json_object(folder / "run_config.json", "run configuration")
-        return Run(folder, "fragment_embeddings", model, config, _results(run_dir, folder))
-    if (run_dir / "npair_config.json").exists():
-        # Its checkpoint holds the image backbone too (frozen or fine-tuned), and the
-        # backbone is rebuilt from the dataset's feature cache or a weights file.
-        raise UserInputError(
-            f"{run_dir}: an N-pair localization run (Das et al.): its model includes the image "
-            "backbone, which is rebuilt from its dataset; experiments.npair_localization."
-            "load_row(run_dir) loads the model with its test maps and captions")
-    if (folder / "dual_path_config.json").exists():
-        model = load_dual_path_model(folder / "dual_path_config.json", _weights(folder, checkpoint))
-        config_path = folder / "run_config.json"
-        config = read_json_object(config_path, "run configuration") if config_path.exists() else {}
-        return Run(folder, "dual_path", model, config, _results(run_dir, folder))
-    config_path = folder / "run_config.json"
-    if not config_path.exists():
+    found = read_run_task(run_dir)
+    if found is None:
         raise UserInputError(f"{run_dir}: not a run folder written by tf_twobranch: expected "
-                             "run_config.json (two-branch runs) or dual_path_config.json / "
-                             "stage1/, stage2/ (dual-path runs)")
+                             "results.json or run_config.json with its task, or a model "
+                             "configuration (run_config.json, dual_path_config.json, "
+                             "fragment_config.json, npair_config.json) here or in stage1/, stage2/")
+    module, function = RUN_LOADERS[found[0].name].split(":")
+    return getattr(importlib.import_module(module), function)(run_dir, checkpoint)
+
+
+def load_two_branch_run(run_dir: pathlib.Path, checkpoint: str) -> Run:
+    config_path = run_dir / TwoBranchConfig.FILE_NAME
+    if not config_path.exists():
+        raise UserInputError(f"{run_dir}: a two-branch run folder needs {config_path.name}")
     config = read_json_object(config_path, "run configuration")
     if not isinstance(config.get("model"), dict):
         raise UserInputError(f"{config_path}: no 'model' configuration in it")
     model = build_model(TwoBranchConfig.from_dict(config["model"]))
-    load_checkpoint(model, _weights(folder, checkpoint))
-    return Run(folder, "two_branch", model, config, _results(run_dir, folder))
+    load_checkpoint(model, run_weights(run_dir, checkpoint))
+    return Run(run_dir, TwoBranchConfig.FAMILY, model, config, run_results(run_dir, run_dir))
+
+
+def load_dual_path_run(run_dir: pathlib.Path, checkpoint: str) -> Run:
+    folder = _config_folder(run_dir, DualPathConfig.FILE_NAME, (".", "stage2", "stage1"))
+    if folder is None:
+        raise UserInputError(f"{run_dir}: a dual-path run folder needs {DualPathConfig.FILE_NAME} "
+                             "(in it, or in stage2/ or stage1/)")
+    model = load_dual_path_model(folder / DualPathConfig.FILE_NAME, run_weights(folder, checkpoint))
+    config_path = folder / "run_config.json"
+    config = read_json_object(config_path, "run configuration") if config_path.exists() else {}
+    return Run(folder, DualPathConfig.FAMILY, model, config, run_results(run_dir, folder))
+
+
+def load_fragment_run(run_dir: pathlib.Path, checkpoint: str) -> Run:
+    folder = _config_folder(run_dir, FragmentEmbeddingConfig.FILE_NAME)
+    if folder is None:
+        raise UserInputError(f"{run_dir}: the run has no trained stage ({FragmentEmbeddingConfig.FILE_NAME} "
+                             "in stage2/, stage1/ or the folder itself); a random-ranking row has no model")
+    fragment_config, _ = load_fragment_config(folder / FragmentEmbeddingConfig.FILE_NAME)
+    # W_e (frozen word vectors) is a weight of the checkpoint: no data needed.
+    model = build_fragment_model(fragment_config)
+    load_checkpoint(model, run_weights(folder, checkpoint))
+    config = read_json_object(folder / "run_config.json", "run configuration")
+
+    def no_split(run: Run) -> EvaluationSplit:
+        raise UserInputError(
+            f"{run.run_dir}: a deep-fragment-embedding run is evaluated on fragments (S_kl), "
+            "not an EvaluationSplit: experiments.fragment_embeddings.load_row(run_dir) rebuilds "
+            "its test fragments and model, and .evaluate(...) there gives its metrics")
+    return Run(folder, FragmentEmbeddingConfig.FAMILY, model, config, run_results(run_dir, folder),
+               split_reader=no_split)
+
+
+def load_npair_run(run_dir: pathlib.Path, checkpoint: str) -> Run:
+    # Its checkpoint holds the image backbone too (frozen or fine-tuned), and the
+    # backbone is rebuilt from the dataset's feature cache or a weights file.
+    raise UserInputError(
+        f"{run_dir}: an N-pair localization run (Das et al.): its model includes the image "
+        "backbone, which is rebuilt from its dataset; experiments.npair_localization."
+        "load_row(run_dir) loads the model with its test maps and captions")
 
 
 # ------------------------------------------------------------------ evaluation split records
