@@ -1,4 +1,4 @@
-"""Losses of the two-branch networks, the dual-path CNN and deep fragment embeddings, one module per paper family.
+"""Losses of the four families (two-branch networks, the dual-path CNN, deep fragment embeddings, N-pair localization), one module per paper family.
 
 * `common`: distances and top-K hinges (dynamic and static-shape) of `ranking` and `phrase_localization`.
 * `ranking`: two-branch image–sentence losses, TPAMI 2018 eqs. 1–7; Keras `LogisticPairLoss`.
