@@ -16,6 +16,10 @@ The SavedModel has one signature per tower and one for scoring:
   embeddings for the embedding network, the similarity network's logit
   otherwise).
 * ``serving_default`` = ``score``.
+* with a ``gallery`` (`tf_twobranch.export.retrieval`): ``retrieve_captions``
+  (the image input, ``k``) and ``retrieve_images`` (the text input, ``k``) →
+  the top-k gallery ids, indices and scores, scored as the evaluation core
+  scores them.
 
 Every input is validated inside the graph (`tf_twobranch.export.serving`): wrong
 rank or feature dimension, an empty batch, NaN/inf features, empty or
@@ -38,6 +42,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import serving
+from tf_twobranch.export.retrieval import RetrievalGallery, add_retrieval_signatures
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.features.text_features import TextEncoder
@@ -61,10 +66,13 @@ class TwoBranchServingModule(TowerServingModule):
       image_backbone: optional CNN (float RGB 0..255 (batch, S, S, 3) →
         (batch, image_dim)); then ``embed_images`` takes ``image_jpeg`` bytes.
       image_size: side the images are resized to; default the backbone input.
+      gallery: optional `RetrievalGallery` (the model's tower outputs of a
+        gallery): adds ``retrieve_captions`` and ``retrieve_images``.
     """
 
     def __init__(self, model: TwoBranchModel, *, text_layer: keras.layers.Layer | None = None,
-                 image_backbone: keras.Model | None = None, image_size: int | None = None):
+                 image_backbone: keras.Model | None = None, image_size: int | None = None,
+                 gallery: RetrievalGallery | None = None):
         super().__init__(name="two_branch_serving")
         cfg = model.config
         self.config_json = tf.Variable(json.dumps(cfg.to_dict()), trainable=False, name="model_config")
@@ -107,18 +115,34 @@ class TwoBranchServingModule(TowerServingModule):
 
         @tf.function(input_signature=[image_spec, text_spec])
         def score(images, texts):
-            img = self._image(images)
-            txt = self._text(texts)
-            if self.similarity_head is None:
-                return {"scores": tf.matmul(img, txt, transpose_b=True)}
-            joint = img[:, None, :] * txt[None, :, :]
-            flat = tf.reshape(joint, [-1, self.embed_dim])
-            logits = self.similarity_head(flat, training=False)
-            return {"scores": tf.reshape(logits, [tf.shape(img)[0], tf.shape(txt)[0]])}
+            return {"scores": self._pair_scores(self._image(images), self._text(texts))}
 
         self.embed_images = embed_images
         self.embed_texts = embed_texts
         self.score = score
+        self.has_gallery = gallery is not None
+        if gallery is not None:
+            if gallery.image_embeddings.shape[1] != self.embed_dim:
+                raise ConfigError(f"the gallery holds {gallery.image_embeddings.shape[1]}-d embeddings; "
+                                  f"the model's are {self.embed_dim}-d")
+            add_retrieval_signatures(self, gallery, image_spec=image_spec, text_spec=text_spec,
+                                     embed_image=self._image, embed_text=self._text,
+                                     pair_scores=self._pair_scores)
+
+    def signatures(self) -> dict:
+        out = super().signatures()
+        if self.has_gallery:
+            out.update(retrieve_captions=self.retrieve_captions, retrieve_images=self.retrieve_images)
+        return out
+
+    def _pair_scores(self, img, txt):
+        """(num_images, num_texts) scores, higher = better, as the evaluation core scores them."""
+        if self.similarity_head is None:
+            return tf.matmul(img, txt, transpose_b=True)
+        joint = img[:, None, :] * txt[None, :, :]
+        flat = tf.reshape(joint, [-1, self.embed_dim])
+        logits = self.similarity_head(flat, training=False)
+        return tf.reshape(logits, [tf.shape(img)[0], tf.shape(txt)[0]])
 
     def _image(self, x):
         if self.image_backbone is not None:
@@ -151,14 +175,19 @@ class TwoBranchServingModule(TowerServingModule):
         texts = ([WARMUP_CAPTION, "a man rides a horse"] if self.text_input == "captions"
                  else np.zeros((2, self.text_dim), np.float32))
         both = {self.image_input: images, self.text_input: texts}
-        return [("embed_images", {self.image_input: images}), ("embed_texts", {self.text_input: texts}),
-                ("score", both), ("serving_default", both)]
+        requests = [("embed_images", {self.image_input: images}), ("embed_texts", {self.text_input: texts}),
+                    ("score", both), ("serving_default", both)]
+        if self.has_gallery:
+            one = np.int32(1)
+            requests += [("retrieve_captions", {self.image_input: images, "k": one}),
+                         ("retrieve_images", {self.text_input: texts, "k": one})]
+        return requests
 
 
 def export_saved_model(model: TwoBranchModel, export_dir, *, text_encoder=None,
                        image_backbone: keras.Model | None = None, image_size: int | None = None,
                        run_config: dict | None = None, model_name: str = "two_branch",
-                       overwrite: bool = True) -> pathlib.Path:
+                       overwrite: bool = True, gallery: RetrievalGallery | None = None) -> pathlib.Path:
     """Writes a SavedModel with tower and scoring signatures to `export_dir`.
 
     Args:
@@ -174,6 +203,8 @@ def export_saved_model(model: TwoBranchModel, export_dir, *, text_encoder=None,
       run_config: written to ``assets.extra/run_config.json`` (default
         ``{"model": model.config}``).
       model_name: ``model_spec.name`` in the warm-up requests.
+      gallery: a `RetrievalGallery` (`export.retrieval.gallery_from_model`):
+        adds the ``retrieve_captions`` / ``retrieve_images`` signatures.
 
     Raises:
       ConfigError: the encoder or backbone does not fit the model.
@@ -196,8 +227,11 @@ def export_saved_model(model: TwoBranchModel, export_dir, *, text_encoder=None,
         raise ConfigError(f"the image backbone outputs {image_backbone.output_shape[-1]}-d features but the "
                           f"model's image_dim is {cfg.image_dim}")
     module = TwoBranchServingModule(model, text_layer=text_layer, image_backbone=image_backbone,
-                                    image_size=image_size)
+                                    image_size=image_size, gallery=gallery)
     config = dict(run_config) if run_config else {"model": cfg.to_dict()}
     config["serving"] = {"embed_images_input": module.image_input, "embed_texts_input": module.text_input,
                          "signatures": sorted(module.signatures())}
+    if gallery is not None:
+        config["serving"]["gallery"] = {"num_images": len(gallery.image_ids),
+                                        "num_captions": len(gallery.caption_ids)}
     return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
