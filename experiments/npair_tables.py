@@ -171,7 +171,7 @@ def run_rows(f, define_flags: Callable[[flags.FlagValues], None], run_row: Calla
                 raise common.UserInputError(f"{cfg.name}: protocol {row.protocol} was not evaluated by the "
                                             f"shared run {trained[key]['row']}")
             record.update(protocol=row.protocol, random_baseline=record["random_baselines"][row.protocol])
-            npair.summary(record, NPairRecipe.from_flags(row))
+            npair.summary(record, recipe)
             print(f"--- {cfg.name}: {row.row_name}: the model of {trained[key]['row']}", flush=True)
         else:
             print(f"--- {cfg.name}: {row.row_name}", flush=True)
