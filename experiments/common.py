@@ -10,6 +10,7 @@ import numpy as np
 from absl import flags, logging
 
 from tf_twobranch import cli, distribute, json_files
+from tf_twobranch.cli import split_paths  # noqa: F401  (re-exported for the experiments)
 from tf_twobranch.data.corpus import split_fingerprint
 from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
@@ -85,17 +86,6 @@ def define_word_vector_flags(fv, *, word_dim_help: str, word_dim: int = 300) -> 
     flags.DEFINE_string("word_vectors", "", "Local word2vec (binary/text, e.g. GoogleNews .bin) or "
                         "GloVe text file; empty: trained on the training captions.", **d)
     flags.DEFINE_integer("word_dim", word_dim, word_dim_help, lower_bound=2, **d)
-
-
-def split_paths(flag: str, values) -> dict[str, str]:
-    """``--<flag>=train=path,test=path`` as {split: path} (empty: {})."""
-    out = {}
-    for item in values or ():
-        split, sep, path = item.partition("=")
-        if not sep or split not in ("train", "val", "test") or not path:
-            raise UserInputError(f"--{flag} takes split=path pairs (train=..., test=...), got {item!r}")
-        out[split] = path
-    return out
 
 
 def define_feature_storage_flag(fv) -> None:

@@ -7,8 +7,8 @@ token from the mean of its word vectors) over the image, the maximum the
 pointing game reads (a cross) and the phrase's ground-truth boxes (green when
 the maximum falls inside one, red otherwise).
 
-The row is rebuilt from its run folder (`npair_localization.load_row`: its
-results.json flags, the cached backbone maps and the checkpoint)::
+The row is rebuilt from its run folder alone (`tf_twobranch.runs.load_run`:
+its results.json recipe, the cached backbone maps and the checkpoint)::
 
     python -m experiments.draw_heat_maps --run_dir=runs/das_table2_npair_word --out_dir=figures \
         --image_index=0,1,2 --parse_mode=phrase
@@ -43,31 +43,34 @@ def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "
         raise UserInputError(f"--run_dir={run_dir}: no results.json; expected the run folder of a finished "
                              "model row of python -m experiments.npair_localization")
     # TensorFlow only now: --help stays fast.
-    from experiments import npair_localization as exp
-    from tf_twobranch.evaluation import localization_maps
-    from tf_twobranch.evaluation.pointing_game import pointing_queries
     from tf_twobranch.data.formats.images import load_image
+    from tf_twobranch.evaluation import localization_maps
+    from tf_twobranch.pipelines.npair_localization import dataset_layout, run_recipe
+    from tf_twobranch.runs import load_run
 
-    f, layout, splits, text, maps, model = exp.load_row(run_dir)
-    corpus = splits[f.eval_split]
-    if layout.entities_dir is None:
+    run = load_run(run_dir)
+    recipe = run_recipe(run)
+    split = run.evaluation_split()
+    _, layout = dataset_layout(recipe)
+    if split.queries is None:
         raise UserInputError(f"{layout.root}: no Flickr30K Entities Sentences/ and Annotations/ to draw from")
     out = []
     for index in image_indices:
-        if not 0 <= index < corpus.num_images:
-            raise UserInputError(f"--image_index={index}: the {f.eval_split} split has {corpus.num_images} images")
-        image_id = corpus.image_ids[index]
-        queries = [q for q in pointing_queries(layout.entities_dir, [image_id]) if q.sentence_index == sentence]
+        if not 0 <= index < len(split.image_ids):
+            raise UserInputError(f"--image_index={index}: the {recipe.eval_split} split has "
+                                 f"{len(split.image_ids)} images")
+        image_id = split.image_ids[index]
+        queries = [q for q in split.queries if q.image_id == image_id and q.sentence_index == sentence]
         if not queries:
             raise UserInputError(f"image {image_id}, sentence {sentence}: no phrase with a ground-truth box")
         # Only the evaluation chunk holding the image is projected (the split's maps may not fit in
         # memory); it is the chunk the run's evaluation projected, so the maps are the run's.
         first = index // localization_maps.MAP_CHUNK * localization_maps.MAP_CHUNK
         image_maps = localization_maps.projected_maps(
-            model, maps[f.eval_split][first:first + localization_maps.MAP_CHUNK])
-        heat = localization_maps.query_heat_maps(model, {image_id: image_maps[index - first]}, queries,
-                                                 text.vocabulary, mode=parse_mode, max_words=f.max_words)
-        path = layout.image_paths([image_id], source=corpus.source)[0]
+            run.model, split.image[first:first + localization_maps.MAP_CHUNK])
+        heat = localization_maps.query_heat_maps(run.model, {image_id: image_maps[index - first]}, queries,
+                                                 split.vocabulary, mode=parse_mode, max_words=split.max_words)
+        path = layout.image_paths([image_id])[0]
         out.append(localization_maps.draw_phrase_heat_maps(
             load_image(path), queries, heat, pathlib.Path(out_dir) / f"{image_id}_s{sentence}_{parse_mode}.png",
             title=" ".join(queries[0].caption_words)))

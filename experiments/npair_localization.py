@@ -22,40 +22,35 @@ maximum over rows only (``--aggregator=max_rows_code``), the L2 norms
 computed but not applied (``--normalisation=none``), the swapped x/y of its
 hit test, I_r1 = C_r1.
 
-Memory is bounded by a batch or a chunk, not by the dataset: the backbone maps
-(and, with --train_backbone, the training images) are cached as memory-mapped
-row arrays (--feature_dtype=float16 halves them), training batches read their
-rows by index, and the evaluation split's projected maps and token vectors are
-written chunk by chunk to a temporary folder of the run, once for every
-protocol and the pointing game.
+Memory is bounded by a batch or a chunk, not by the dataset: backbone maps
+(and, with --train_backbone, training images) are memory-mapped row arrays,
+and the evaluation writes the split's maps and token vectors chunk by chunk
+(`NPairLocalizationModel.evaluation_results`). With no --dataset_dir the
+embedded digit scenes are used with the small profile below.
 
-With no --dataset_dir the embedded digit scenes are used (their scene CNN
-and Flickr30K Entities-format phrases and boxes) with the small profile below.
+The flags become one typed recipe (`tf_twobranch.pipelines.npair_localization`:
+`NPairRecipe`, data, model configuration, evaluation split) in the entry point;
+results.json stores it, and ``tf_twobranch.runs.load_run(run_dir)`` loads the
+row again without flags. Tables and the ``--rows`` runner: `experiments.npair_tables`.
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
-import tempfile
 import time
 
 import keras
 from absl import app, flags, logging
 
-from experiments import common
+from experiments import common, npair_tables
+from experiments.npair_tables import format_record
 from tf_twobranch.cli import absl_main, parse_flags
-from tf_twobranch.data.embedded import load_embedded_dataset
-from tf_twobranch.data.layout import resolve_dataset
-from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.evaluation import localization_maps, retrieval
-from tf_twobranch.evaluation.localization_retrieval import evaluate_localization_retrieval
-from tf_twobranch.evaluation.pointing_game import pointing_queries
-from tf_twobranch.features.prepare_npair import (NPairInputSpec, backbone_maps, caption_inputs, load_backbone_maps,
-                                                 phrase_parsed_captions, spatial_backbone, split_images)
-from tf_twobranch.checkpoints import load_checkpoint
-from tf_twobranch.json_files import read_json_object
+from tf_twobranch.features.prepare_npair import phrase_parsed_captions, split_images
 from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
-from tf_twobranch.models.npair_localization import (NPairLocalizationConfig, build_npair_model,
-                                                    load_npair_config, save_npair_config)
+from tf_twobranch.models.npair_localization import build_npair_model, save_npair_config
+from tf_twobranch.pipelines import npair_localization as npair
+from tf_twobranch.pipelines.npair_localization import NPairRecipe
 from tf_twobranch.sampling import npair_batches
 from tf_twobranch.training import trainer
 
@@ -66,9 +61,6 @@ from tf_twobranch.training import trainer
 # trains in a few minutes per row (BUILD_NOTES.md).
 EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 6, "lr_decay_epochs": 4,
                     "learning_rate": 0.01}
-ROW_KINDS = ("model", "untrained", "random_point", "centre_point", "channel_mean")
-BASELINE_KINDS = ("random_point", "centre_point", "channel_mean")
-TABLE2_PAPER = "Table 2 (Flickr30K Entities test, pointing accuracy %)"
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -86,7 +78,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "only) is ~3.5x faster on CPUs with AMX or AVX-512 BF16 (COCO 5K: ~9 instead of "
                       "~33 min here) and moves rsum by about a point; the paper's figures are float32.",
                       **d)
-    flags.DEFINE_enum("row_kind", "model", list(ROW_KINDS),
+    flags.DEFINE_enum("row_kind", "model", list(npair.ROW_KINDS),
                       "model: train and evaluate; untrained: the model without training; random_point, "
                       "centre_point, channel_mean: pointing baselines of Table 2.", **d)
     flags.DEFINE_enum("parse_mode", "word", list(localization_maps.PARSE_MODES),
@@ -162,437 +154,130 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (--rows; default runs/).", **d)
 
 
-# ---------------------------------------------------------------------------- data
-
-
-def dataset_layout(f):
-    """(dataset folder, its resolved layout) of a row: --dataset_dir, else the embedded data."""
-    if f.dataset_dir and not pathlib.Path(f.dataset_dir).is_dir():
-        raise common.UserInputError(f"--dataset_dir={f.dataset_dir}: dataset folder does not exist")
-    source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
-    return source, resolve_dataset(source, caption_format=f.caption_format, images_dir=f.images_dir or None)
-
-
-def row_metric(f) -> str:
-    """The metric the row reports: "pointing", "retrieval" or "auto" (see --row_metric)."""
-    return "pointing" if f.row_kind in BASELINE_KINDS else f.row_metric
-
-
-def uncomputable_metric(f, layout, source) -> str | None:
-    """Why the row's metric cannot be computed on this folder (None: it can), said before any
-    feature is computed or any step trained."""
-    if row_metric(f) == "pointing" and layout.entities_dir is None:
-        return (f"row {f.row_name or f.row_kind!r}: its metric, the pointing accuracy (Table 2), needs the "
-                f"Flickr30K Entities Sentences/ and Annotations/ folders, which {source} does not have")
-    return None
-
-
-def load_data(f, *, need_text: bool = True):
-    """(dataset folder, layout, splits, caption inputs, backbone, backbone maps) of a row."""
-    source, layout = dataset_layout(f)
-    corpora = load_caption_splits(layout)
-    splits = {}
-    for name in ("train", f.eval_split):
-        limit = f.max_train_images if name == "train" else f.max_test_images
-        corpus = corpora[name]
-        splits[name] = corpus.subset(corpus.image_ids[:limit], source=corpus.source) if limit else corpus
-    spec = NPairInputSpec(image_backbone=f.image_backbone, backbone_weights=f.backbone_weights or None,
-                          scene_cnn_epochs=f.scene_cnn_epochs, word_vectors=f.word_vectors or None,
-                          word_dim=f.word_dim, max_words=f.max_words, seed=f.seed, feature_dtype=f.feature_dtype)
-    spec.validate()
-    cache = features_cache(f, source)
-    text = caption_inputs(splits, spec) if need_text else None
-    given = common.split_paths("backbone_maps", f.backbone_maps)
-    if given:
-        missing = sorted(set(splits) - set(given))
-        if missing:
-            raise common.UserInputError(f"--backbone_maps has no {', '.join(missing)} maps (give train=... and "
-                                        f"{f.eval_split}=...)")
-        if f.train_backbone or f.export:
-            raise common.UserInputError("--backbone_maps gives maps without their backbone: --train_backbone and "
-                                        "--export need the backbone (pass --noexport, or drop --backbone_maps)")
-        maps = {name: load_backbone_maps(given[name], expected_images=len(corpus.image_ids))
-                for name, corpus in splits.items()}
-        return source, layout, splits, text, None, maps
-    backbone = spatial_backbone(layout, splits["train"], cache, spec)
-    maps = backbone_maps(layout, splits, cache, spec, backbone)
-    return source, layout, splits, text, backbone, maps
-
-
-def features_cache(f, source) -> pathlib.Path:
-    return pathlib.Path(f.features_cache) if f.features_cache else pathlib.Path(source) / "features"
-
-
-def build_config(f, text, maps) -> NPairLocalizationConfig:
-    shape = maps["train"].shape
-    return NPairLocalizationConfig(
-        vocabulary_size=len(text.vocabulary), map_channels=int(shape[3]), map_size=int(shape[1]),
-        word_dim=int(text.word_matrix.shape[1]), embed_dim=f.embed_dim, max_tokens=text.max_tokens,
-        loss=f.loss, aggregator=f.aggregator, token_average=f.token_average, normalisation=f.normalisation,
-        temperature=f.temperature, margin=f.margin, train_word_vectors=f.train_word_vectors,
-        train_backbone=f.train_backbone)
-
-
-# ---------------------------------------------------------------------------- evaluation
-
-
-def evaluate_retrieval(model, normalised_maps, tokens, caption_image, protocols, work_dir,
-                       score_dtype: str = "float32") -> dict:
-    """Per protocol: R@K, median/mean rank and rsum of S(I, T) over the split through the one
-    evaluation core. `normalised_maps` are the split's maps as the score takes them
-    (`EvaluationMaps.normalised`); the captions' token vectors are computed once, chunk by chunk,
-    into `work_dir`, and every protocol scores the same memory-mapped rows."""
-    vectors = localization_maps.token_vector_rows(model, tokens.token_ids, tokens.token_mask,
-                                                  pathlib.Path(work_dir) / "token_vectors.npy")
-    c = model.config
-    return {p: evaluate_localization_retrieval(normalised_maps, vectors, tokens.token_mask, caption_image, p,
-                                               aggregator=c.aggregator, token_average=c.token_average,
-                                               score_dtype=score_dtype)
-            for p in protocols}
-
-
-def evaluation_queries(layout, corpus):
-    if layout.entities_dir is None:
-        return None
-    return pointing_queries(layout.entities_dir, list(corpus.image_ids))
-
-
-def evaluate_pointing(model, projected_maps, corpus, queries, vocabulary, max_words: int,
-                      counting: str) -> dict:
-    """Pointing-game results in both parse modes; `projected_maps` the split's a_{r,c}
-    (`EvaluationMaps.projected`), read per query chunk."""
-    by_image = localization_maps.RowsById(corpus.image_ids, projected_maps)
-    return {mode: localization_maps.pointing_results(
-        queries, localization_maps.query_heat_maps(model, by_image, queries, vocabulary, mode=mode,
-                                                   max_words=max_words), counting=counting)
-            for mode in localization_maps.PARSE_MODES}
-
-
-def _summary(record, f) -> None:
-    """The row's headline metrics: retrieval under its protocol, pointing in its parse mode."""
-    metrics = dict(record.get("retrieval", {}).get(f.protocol, {}))
-    pointing = record.get("pointing")
-    if pointing:
-        chosen = pointing.get(f.parse_mode, pointing.get("baseline"))
-        metrics["pointing_accuracy"] = chosen["accuracy"]
-    record["metrics"] = metrics
-
-
-# ---------------------------------------------------------------------------- one row
-
-
-def _learning_rate(f, steps: int):
-    return keras.optimizers.schedules.ExponentialDecay(f.learning_rate, f.lr_decay_epochs * steps, 0.1,
-                                                       staircase=True)
-
-
-def run(f) -> dict:
-    """Runs one row; returns the results record (also written as JSON)."""
-    start = time.time()
-    typed = common.typed_flags(f)
-    applied = common.apply_embedded_profile(f, EMBEDDED_PROFILE)
+def recipe_from_flags(fv: flags.FlagValues) -> tuple[NPairRecipe, dict]:
+    """The row's recipe from its parsed flags (the embedded profile's values where the user typed
+    none and gave no --dataset_dir), and the flags the user typed (results.json "typed_flags")."""
+    typed = common.typed_flags(fv)
+    applied = common.apply_embedded_profile(fv, EMBEDDED_PROFILE)
     if applied:
         logging.info("embedded dataset: using its profile defaults %s", applied)
-    row_name = f.row_name or "npair_localization"
-    if f.retrieval_score_dtype != "float32" and f.aggregator != "max_image":
+    return NPairRecipe.from_flags(fv), typed
+
+
+def _train(recipe: NPairRecipe, typed: dict, data: npair.NPairData, model, config, strategy,
+           run_dir: pathlib.Path) -> dict:
+    """Trains the model on the row's training captions; returns the loss history."""
+    steps, splits, text = recipe.steps_per_epoch, data.splits, data.text
+    train = text.splits["train"]
+    if recipe.train_backbone:
+        image_inputs = split_images(data.layout, splits["train"], int(data.backbone.input.shape[1]),
+                                    npair.features_cache(recipe, data.source))
+        image_key = "image"
+    else:
+        image_inputs, image_key = data.maps["train"], "backbone_map"
+    captions, token_key, caption_image = train.token_ids, "token_ids", splits["train"].caption_image
+    if recipe.train_parse_mode == "phrase":
+        if data.layout.entities_dir is None:
+            raise common.UserInputError(f"{data.source}: --train_parse_mode=phrase needs the Flickr30K Entities "
+                                        "Sentences/ and Annotations/ of the training images")
+        train = phrase_parsed_captions(data.layout.entities_dir, splits["train"].image_ids, text.vocabulary,
+                                       text.word_matrix, recipe.max_words)
+        captions, token_key, caption_image = train.word_inputs, "word_inputs", train.caption_image
+    with strategy.scope():
+        schedule = keras.optimizers.schedules.ExponentialDecay(recipe.learning_rate, recipe.lr_decay_epochs * steps,
+                                                               0.1, staircase=True)
+        optimizer = keras.optimizers.SGD(schedule, momentum=recipe.momentum,
+                                         weight_decay=recipe.weight_decay or None)
+        model.compile(optimizer=optimizer, jit_compile=recipe.jit_compile, run_eagerly=recipe.run_eagerly)
+    tcfg = common.train_config(recipe, epochs=recipe.epochs, learning_rate=recipe.learning_rate, optimizer="sgd")
+
+    def dataset(start_step=0):
+        return npair_batches.train_dataset(image_inputs, captions, train.token_mask, caption_image,
+                                           train.trainable, batch_size=recipe.batch_size, seed=recipe.seed,
+                                           start_step=start_step, image_key=image_key, token_key=token_key)
+
+    trainer.prepare_run_dir(run_dir, {"model": config.to_dict(), "train": tcfg.__dict__, "typed_flags": typed,
+                                      "recipe": recipe.to_dict(), "task": "npair_localization"})
+    save_npair_config(run_dir / config.FILE_NAME, config, vocabulary=text.vocabulary)
+    trained = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps, epochs=recipe.epochs)
+    return {k: [float(x) for x in v] for k, v in trained.history.items()}
+
+
+def run(recipe: NPairRecipe, typed: dict | None = None) -> dict:
+    """Runs one row; returns the results record (also written as JSON). `typed`: the flags the
+    user typed (`recipe_from_flags`), recorded so that a table resumes only a row typed alike."""
+    start, typed, recipe = time.time(), typed or {}, dataclasses.replace(recipe)   # resolve_protocol may set it
+    row_name = recipe.row_name or "npair_localization"
+    if recipe.retrieval_score_dtype != "float32" and recipe.aggregator != "max_image":
         # Said before training, not after it: the packed scorer is S_MaxImage's alone.
-        raise common.UserInputError(f"--retrieval_score_dtype={f.retrieval_score_dtype} needs "
-                                    f"--aggregator=max_image (got {f.aggregator})")
-    run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
-    baseline = f.row_kind in BASELINE_KINDS
-    source, layout = dataset_layout(f)
-    reason = uncomputable_metric(f, layout, source)
+        raise common.UserInputError(f"--retrieval_score_dtype={recipe.retrieval_score_dtype} needs "
+                                    f"--aggregator=max_image (got {recipe.aggregator})")
+    run_dir = pathlib.Path(recipe.run_dir) if recipe.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
+    baseline = recipe.row_kind in npair.BASELINE_KINDS
+    source, layout = npair.dataset_layout(recipe)
+    reason = npair.uncomputable_metric(recipe, layout, source)
     if reason:
         raise common.UserInputError(reason)
-    source, layout, splits, text, backbone, maps = load_data(f, need_text=not baseline)
-    evaluation = splits[f.eval_split]
+    data = npair.load_data(recipe, need_text=not baseline)
+    evaluation = data.splits[recipe.eval_split]
     # Checked before training; the pointing baselines have no retrieval.
     protocol = {"protocol": None} if baseline else common.resolve_protocol(
-        f, evaluation.num_images, split=f"the {f.eval_split} split")
-    queries = evaluation_queries(layout, evaluation)
-    record = {"row": row_name, "task": "npair_localization", "row_kind": f.row_kind, "dataset": str(source),
-              **common.flag_record(f, typed),
-              "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
-              "paper_protocol": f.paper_protocol, "row_metric": row_metric(f),
-              "num_train_images": splits["train"].num_images, "num_eval_images": evaluation.num_images,
+        recipe, evaluation.num_images, split=f"the {recipe.eval_split} split")
+    queries = npair.evaluation_queries(layout, evaluation)
+    record = {"row": row_name, "task": "npair_localization", "row_kind": recipe.row_kind, "dataset": str(source),
+              "typed_flags": typed, NPairRecipe.RECORD_KEY: recipe.to_dict(),
+              "paper": common.paper_numbers(recipe.paper_results), "paper_dataset": recipe.paper_dataset,
+              "paper_protocol": recipe.paper_protocol, "row_metric": npair.reported_metric(recipe),
+              "num_train_images": data.splits["train"].num_images, "num_eval_images": evaluation.num_images,
               "num_eval_captions": evaluation.num_captions, **common.split_record(protocol, evaluation),
               "num_pointing_queries": None if queries is None else len(queries)}
     if queries is None:
         record["pointing_not_computed"] = (f"{source} has no Flickr30K Entities Sentences/ and Annotations/ "
                                            "folders: retrieval only")
     if baseline:
-        if f.row_kind == "channel_mean":
-            heat = localization_maps.channel_mean_heat_maps(
-                localization_maps.RowsById(evaluation.image_ids, maps[f.eval_split]), queries)
-            result = localization_maps.pointing_results(queries, heat, counting=f.pointing_counting)
-        else:
-            result = localization_maps.pointing_results(
-                queries, points=localization_maps.baseline_points(queries, f.row_kind, f.seed),
-                counting=f.pointing_counting)
-        record["pointing"] = {"baseline": result}
-        _summary(record, f)
+        record["pointing"] = {"baseline": npair.baseline_pointing(recipe, data, queries)}
+        npair.summary(record, recipe)
         record["seconds"] = time.time() - start
-        common.write_json(f.out_json or run_dir / "results.json", record)
+        common.write_json(recipe.out_json or run_dir / "results.json", record)
         return record
 
-    config = build_config(f, text, maps)
-    strategy = common.setup_training(f)
+    text = data.text
+    config = npair.build_config(recipe, text, data.maps)
+    strategy = common.setup_training(recipe)
     with strategy.scope():
-        model = build_npair_model(config, text.word_matrix, backbone=backbone)
-    history = {}
-    if f.row_kind == "model" and f.epochs:
-        steps = f.steps_per_epoch
-        train = text.splits["train"]
-        if f.train_backbone:
-            image_inputs = split_images(layout, splits["train"], int(backbone.input.shape[1]),
-                                        features_cache(f, source))
-            image_key = "image"
-        else:
-            image_inputs, image_key = maps["train"], "backbone_map"
-        captions, token_key, caption_image = train.token_ids, "token_ids", splits["train"].caption_image
-        if f.train_parse_mode == "phrase":
-            if layout.entities_dir is None:
-                raise common.UserInputError(f"{source}: --train_parse_mode=phrase needs the Flickr30K Entities "
-                                            "Sentences/ and Annotations/ of the training images")
-            train = phrase_parsed_captions(layout.entities_dir, splits["train"].image_ids, text.vocabulary,
-                                           text.word_matrix, f.max_words)
-            captions, token_key, caption_image = train.word_inputs, "word_inputs", train.caption_image
-        with strategy.scope():
-            optimizer = keras.optimizers.SGD(_learning_rate(f, steps), momentum=f.momentum,
-                                             weight_decay=f.weight_decay or None)
-            model.compile(optimizer=optimizer, jit_compile=f.jit_compile, run_eagerly=f.run_eagerly)
-        tcfg = common.train_config(f, epochs=f.epochs, learning_rate=f.learning_rate, optimizer="sgd")
-
-        def dataset(start_step=0):
-            return npair_batches.train_dataset(image_inputs, captions, train.token_mask, caption_image,
-                                               train.trainable, batch_size=f.batch_size, seed=f.seed,
-                                               start_step=start_step, image_key=image_key, token_key=token_key)
-
-        run_config = {"model": config.to_dict(), "train": tcfg.__dict__, **common.flag_record(f, typed),
-                      "task": "npair_localization"}
-        trainer.prepare_run_dir(run_dir, run_config)
-        save_npair_config(run_dir / "npair_config.json", config, vocabulary=text.vocabulary)
-        trained = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps, epochs=f.epochs)
-        history = {k: [float(x) for x in v] for k, v in trained.history.items()}
+        model = build_npair_model(config, text.word_matrix, backbone=data.backbone)
+    record["history"] = {}
+    if recipe.row_kind == "model" and recipe.epochs:
+        record["history"] = _train(recipe, typed, data, model, config, strategy, run_dir)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_npair_config(run_dir / "npair_config.json", config, vocabulary=text.vocabulary)
+        save_npair_config(run_dir / config.FILE_NAME, config, vocabulary=text.vocabulary)
         model.save_weights(run_dir / "untrained.weights.h5")
-    record["history"] = history
-    protocols = dict.fromkeys([f.protocol] + (["folds_100"] if evaluation.num_images >= 100 else []))
-    # The split's maps and token vectors are written once to disk, chunk by chunk, and read by every
-    # protocol and the pointing game; the folder goes when the evaluation is done.
-    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".evaluation_") as work_dir:
-        image_maps = localization_maps.evaluation_maps(model, maps[f.eval_split], work_dir)
-        record["retrieval"] = evaluate_retrieval(model, image_maps.normalised, text.splits[f.eval_split],
-                                                 evaluation.caption_image, protocols, work_dir,
-                                                 score_dtype=f.retrieval_score_dtype)
-        if queries is not None:
-            record["pointing"] = evaluate_pointing(model, image_maps.projected, evaluation, queries,
-                                                   text.vocabulary, f.max_words, f.pointing_counting)
-        del image_maps
+    protocols = list(dict.fromkeys([recipe.protocol] + (["folds_100"] if evaluation.num_images >= 100 else [])))
+    # The model's evaluate: the split's maps and token vectors are written once to a temporary
+    # folder of the run, chunk by chunk, and read by every protocol and the pointing game.
+    split = npair.evaluation_split(recipe, data, text.vocabulary, tokens=text.splits[recipe.eval_split],
+                                   queries=queries)
+    record.update(model.evaluation_results(split, protocols=protocols, work_dir=run_dir))
     # Per evaluated protocol: a row sharing this model under another protocol takes its own.
     record["random_baselines"] = {p: retrieval.random_baseline_metrics(
-        evaluation.num_images, evaluation.caption_image, protocol=p, seed=f.seed) for p in protocols}
-    record["random_baseline"] = record["random_baselines"][f.protocol]
-    _summary(record, f)
+        evaluation.num_images, evaluation.caption_image, protocol=p, seed=recipe.seed) for p in protocols}
+    record["random_baseline"] = record["random_baselines"][recipe.protocol]
+    npair.summary(record, recipe)
     logging.info("%s: %s", row_name, {k: round(v, 2) for k, v in record["metrics"].items()})
-    if f.export and common.is_chief() and f.row_kind == "model":
+    if recipe.export and common.is_chief() and recipe.row_kind == "model":
         from tf_twobranch.export.npair_localization import export_npair_model
         record["export_dir"] = str(export_npair_model(
             model, run_dir / "export", vocabulary=text.vocabulary,
-            run_config={"model": config.to_dict(), **common.flag_record(f, typed)}))
+            run_config={"model": config.to_dict(), "typed_flags": typed, "recipe": recipe.to_dict()}))
     record["seconds"] = time.time() - start
-    common.write_json(f.out_json or run_dir / "results.json", record)
+    common.write_json(recipe.out_json or run_dir / "results.json", record)
     return record
 
 
-def load_row(run_dir):
-    """A finished model row again: (flags, splits, caption inputs, backbone maps, model)."""
-    run_dir = pathlib.Path(run_dir)
-    record = read_json_object(run_dir / "results.json", "N-pair localization run record")
-    f = flags.FlagValues()
-    define_flags(f)
-    f(["row"])
-    for name, value in record["flags"].items():
-        if name in f:
-            f[name].value = value
-    _, layout, splits, text, backbone, maps = load_data(f)
-    config, _ = load_npair_config(run_dir / "npair_config.json")
-    model = build_npair_model(config, text.word_matrix, backbone=backbone)
-    weights = run_dir / "checkpoints" / "latest.weights.h5"
-    load_checkpoint(model, weights if weights.exists() else run_dir / "untrained.weights.h5")
-    return f, layout, splits, text, maps, model
-
-
-# ---------------------------------------------------------------------------- tables
-
-
-def _paper_pointing(row) -> str:
-    paper = row.get("paper")
-    return common.format_cell(paper[0], 7, 2) if paper and len(paper) == 1 else f"{'–':>7}"
-
-
-def format_table2(rows: list[dict], dataset: str) -> str:
-    """Table 2's layout: method, pointing accuracy here, the paper's; a row whose pointing
-    accuracy could not be computed says why."""
-    width = max([len(r["name"]) for r in rows] + [34])
-    lines = [f"Das et al. Table 2 analogue: pointing accuracy (%) on {dataset} (paper: Flickr30K Entities test)",
-             f"{'Method':{width}} | {'here':>7} | {'paper':>7} | trials",
-             "-" * (width + 30)]
-    for r in rows:
-        pointing = r["metrics"].get("pointing_accuracy")
-        trials = f"not computed: {r['not_computed']}" if r.get("not_computed") else r.get("trials")
-        trials = "–" if trials is None else trials
-        lines.append(f"{r['name']:{width}} | {common.format_cell(pointing, 7, 2)} | {_paper_pointing(r)} | {trials}")
-    return "\n".join(lines)
-
-
-def format_table1(rows: list[dict], dataset: str) -> str:
-    """Table 1's layout: R@1/5/10 image-to-caption and caption-to-image, the paper's below when
-    measured under the same protocol, chance last; one table per protocol and test split."""
-    head = "".join(f"{c:>7}" for c in ("R@1", "R@5", "R@10"))
-    tables = []
-    for group in common.groups_by_test_split(rows):
-        first = group[0]
-        width = max([len(r["name"]) for r in group] + [len(common.CHANCE_ROW), 34])
-        title = common.table_title(
-            "Das et al. Table 1 analogue: retrieval", dataset=dataset, protocol=first["protocol"],
-            num_images=first["num_eval_images"], num_captions=first["num_eval_captions"],
-            paper=any(r.get("paper") for r in group), paper_dataset=first["paper_dataset"],
-            paper_protocol=first["paper_protocol"])
-        lines = [title, f"{'':{width}} | {'Image-to-Caption':^21} | {'Caption-to-Image':^21} |",
-                 f"{'Model':{width}} | {head} | {head} |", "-" * (width + 50)]
-
-        def line(name, values):
-            return (f"{name:{width}} | " + "".join(common.format_cell(v, 7) for v in values[:3]) + " | "
-                    + "".join(common.format_cell(v, 7) for v in values[3:6]) + " |")
-
-        keys = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
-        for r in group:
-            m = r["metrics"]
-            lines.append(line(r["name"], [m[k] for k in keys]))
-            if "rsum_fold_std" in m:
-                lines.append(line(f"  ± std over {m['num_folds']} folds", [m[f"{k}_fold_std"] for k in keys]))
-            paper = common.paper_beside(r.get("paper"), r["paper_protocol"], r["protocol"], r["num_eval_images"])
-            if paper and len(paper) == 6:
-                lines.append(line(f"  (paper: {r['paper_dataset']})", paper))
-        lines.append(line(common.CHANCE_ROW, [first["random_baseline"][k] for k in keys]))
-        tables.append("\n".join(lines))
-    return "\n\n".join(tables)
-
-
-def table_row(record: dict, row) -> dict:
-    """A row of the printed tables from a run record and the row's flags."""
-    pointing = record.get("pointing") or {}
-    chosen = pointing.get(row.parse_mode) or pointing.get("baseline") or {}
-    return {"name": row.row_name or record["row"], "metrics": record["metrics"], "trials": chosen.get("trials"),
-            "paper": common.paper_numbers(row.paper_results), "paper_dataset": row.paper_dataset,
-            "paper_protocol": row.paper_protocol, "protocol": record["protocol"],
-            "test_split_fingerprint": record["test_split_fingerprint"],
-            "num_eval_images": record["num_eval_images"], "num_eval_captions": record["num_eval_captions"],
-            "random_baseline": record.get("random_baseline"), "run_dir": row.run_dir,
-            "seconds": record.get("seconds")}
-
-
-def format_record(record: dict, row) -> str:
-    """One row: its retrieval table (Table 1 layout, with chance) and its pointing accuracy
-    (Table 2 layout), each beside the paper's number where it measures the same thing."""
-    entry = table_row(record, row)
-    parts = []
-    if "retrieval" in record:
-        paper = entry["paper"] if entry["paper"] and len(entry["paper"]) == 6 else None
-        parts.append(format_table1([{**entry, "paper": paper}], record["dataset"]))
-    if "pointing" in record:
-        paper = entry["paper"] if entry["paper"] and len(entry["paper"]) == 1 else None
-        parts.append(format_table2([{**entry, "paper": paper}], record["dataset"]))
-    if record.get("pointing_not_computed"):
-        parts.append(f"pointing game not computed: {record['pointing_not_computed']}")
-    return "\n\n".join(parts)
-
-
-# The rows in the order of the paper's Table 2, then Table 1.
-ROW_ORDER = ("random", "centre", "vgg_channel_mean", "untrained", "npair_word", "npair_phrase", "triplet")
-_RUNNER_FLAGS = {"rows", "runs_dir", "out_json", "run_dir", "row_name", "paper_results"}
-# Flags that only choose what a trained model is evaluated on: rows differing only in them share one run.
-_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol", "pointing_counting", "row_metric"}
-
-
-def _row_configs(f) -> list[pathlib.Path]:
-    if f.rows == ["all"]:
-        def order(cfg):
-            table, key = cfg.stem.split("_", 2)[1:]
-            return (table != "table2", ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER), key)
-        return sorted(common.CONFIG_DIR.glob("das_*.cfg"), key=order)
-    return [common.resolve_config(name) for name in f.rows]
-
-
-def _training_key(row) -> tuple:
-    typed = common.typed_flags(row)
-    return tuple(sorted((k, str(v)) for k, v in typed.items() if k not in _EVALUATION_ONLY | _RUNNER_FLAGS))
-
-
-def run_rows(f) -> dict:
-    """Runs the rows of `--rows` and prints Table 2 (pointing) and Table 1 (retrieval).
-
-    Rows that differ only in what is evaluated (parse mode, protocol) share
-    one trained model; a row whose run folder already holds results with the
-    same flags is not run again, so an interrupted table resumes.
-    """
-    runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs"
-    overrides = common.row_overrides(f, define_flags, _RUNNER_FLAGS)
-    trained: dict = {}
-    results = {}
-    start = time.time()
-    for cfg in _row_configs(f):
-        row = common.parse_flagfile(define_flags, str(cfg), overrides)
-        key = _training_key(row)
-        row.run_dir = str(runs_dir / cfg.stem)
-        source, layout = dataset_layout(row)
-        reason = uncomputable_metric(row, layout, source)
-        if reason:
-            # The table says which row is missing and why; nothing is trained for it.
-            print(f"--- {cfg.name}: not computed: {reason}", flush=True)
-            results[cfg.stem] = {"name": row.row_name, "metrics": {}, "not_computed": reason,
-                                 "paper": common.paper_numbers(row.paper_results),
-                                 "paper_dataset": row.paper_dataset, "paper_protocol": row.paper_protocol,
-                                 "run_dir": None}
-            continue
-        path = pathlib.Path(row.run_dir) / "results.json"
-        previous = read_json_object(path, "N-pair run record") if path.is_file() else None
-        if (previous and previous.get("typed_flags") == common.typed_flags(row)
-                and "test_split_fingerprint" in previous):
-            record = previous
-            print(f"--- {cfg.name}: finished before ({row.run_dir})", flush=True)
-        elif key in trained:
-            record = dict(trained[key])
-            record.update(row=row.row_name, paper=common.paper_numbers(row.paper_results),
-                          paper_dataset=row.paper_dataset, paper_protocol=row.paper_protocol,
-                          shared_with=trained[key]["row"])
-            if row.protocol not in record["retrieval"]:
-                raise common.UserInputError(f"{cfg.name}: protocol {row.protocol} was not evaluated by the "
-                                            f"shared run {trained[key]['row']}")
-            record.update(protocol=row.protocol, random_baseline=record["random_baselines"][row.protocol])
-            _summary(record, row)
-            print(f"--- {cfg.name}: {row.row_name}: the model of {trained[key]['row']}", flush=True)
-        else:
-            print(f"--- {cfg.name}: {row.row_name}", flush=True)
-            record = run(row)
-        if record.get("row_kind") in ("model", "untrained") and key not in trained:
-            trained[key] = record
-        results[cfg.stem] = table_row(record, row)
-    dataset = str(load_embedded_dataset()) if not f.dataset_dir else f.dataset_dir
-    out = {"rows": results, "seconds": time.time() - start}
-    table2 = [r for stem, r in results.items() if stem.startswith("das_table2_")]
-    table1 = [r for stem, r in results.items() if stem.startswith("das_table1_") and not r.get("not_computed")]
-    if table2:
-        out["table2"] = format_table2(table2, dataset)
-        print(out["table2"])
-    if table1:
-        out["table1"] = format_table1(table1, dataset)
-        print(out["table1"])
-    common.write_json(f.out_json or runs_dir / "das_tables.json", out)
-    return out
+def run_rows(f: flags.FlagValues) -> dict:
+    """The rows of --rows (`npair_tables.run_rows`), each run from its own flags."""
+    return npair_tables.run_rows(f, define_flags, lambda row: run(*recipe_from_flags(row)))
 
 
 def _main() -> None:
@@ -600,7 +285,7 @@ def _main() -> None:
     if f.rows:
         run_rows(f)
         return
-    record = run(f)
+    record = run(*recipe_from_flags(f))
     print(format_record(record, f))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")

@@ -58,7 +58,7 @@ def test_runner_prints_table2_and_table1_and_shares_one_model(tiny_tables):
     word = json.loads((runs / "das_table2_npair_word" / "results.json").read_text())
     phrase = json.loads((runs / "das_table2_npair_phrase" / "results.json").read_text())
     assert len(word["history"]["loss"]) == 2 and len(phrase["history"]["loss"]) == 2
-    assert phrase["flags"]["train_parse_mode"] == "phrase" and word["flags"]["train_parse_mode"] == "word"
+    assert phrase["recipe"]["train_parse_mode"] == "phrase" and word["recipe"]["train_parse_mode"] == "word"
     assert set(word["pointing"]) == {"word", "phrase"}
     assert rows["das_table2_npair_phrase"]["metrics"]["pointing_accuracy"] == phrase["pointing"]["phrase"]["accuracy"]
     assert rows["das_table2_npair_word"]["metrics"]["pointing_accuracy"] == word["pointing"]["word"]["accuracy"]
@@ -69,15 +69,14 @@ def test_runner_prints_table2_and_table1_and_shares_one_model(tiny_tables):
     assert untrained["history"] == {} and "folds_100" in untrained["retrieval"]
 
 
-def test_load_run_names_load_row_for_an_npair_run(tiny_tables):
-    # Not the two-branch loader's "unknown model config keys": the folder is recognised.
+def test_load_run_loads_an_npair_row(tiny_tables):
+    # load_run alone gives the trained model back, with the run's test maps (tests/test_npair_family_contract.py
+    # checks that its evaluate gives results.json's metrics).
     from tf_twobranch.runs import load_run
     _, runs, _ = tiny_tables
-    with pytest.raises(common.UserInputError, match=r"N-pair localization run.*load_row"):
-        load_run(runs / "das_table2_npair_word")
-    # load_row gives the trained model back, with the run's test maps.
-    _, _, splits, _, maps, model = exp.load_row(runs / "das_table2_npair_word")
-    assert model.config.embed_dim == 8 and len(maps["test"]) == splits["test"].num_images
+    run = load_run(runs / "das_table2_npair_word")
+    split = run.evaluation_split()
+    assert run.model.config.embed_dim == 8 and len(split.image) == len(split.image_ids) == 100
 
 
 def test_heat_map_pictures_from_the_run_folder(tiny_tables, tmp_path):
@@ -93,10 +92,10 @@ def test_baseline_rows_need_entities_annotations_and_bad_flags_are_clear(tmp_pat
     with pytest.raises(Exception, match="backbone_weights"):
         f = common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_npair_word")),
                                   ["--image_backbone=vgg19", f"--run_dir={tmp_path}"])
-        exp.run(f)
+        exp.run(*exp.recipe_from_flags(f))
     # The bfloat16 retrieval scorer is S_MaxImage's: another aggregator is refused before any training.
     f = common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_npair_word")),
                               ["--aggregator=max_text", "--retrieval_score_dtype=bfloat16",
                                f"--run_dir={tmp_path}", "--dataset_dir=/nonexistent"])
     with pytest.raises(common.UserInputError, match="retrieval_score_dtype=bfloat16 needs --aggregator=max_image"):
-        exp.run(f)
+        exp.run(*exp.recipe_from_flags(f))

@@ -191,13 +191,14 @@ def test_das_pointing_row_without_entities_is_refused_before_training(no_entitie
                                                                       tmp_path):
     from experiments import common
     from experiments import npair_localization as exp
-    monkeypatch.setattr(exp, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
+    from tf_twobranch.pipelines import npair_localization as pipeline
+    monkeypatch.setattr(pipeline, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
     row = common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_npair_word")),
                                 [f"--dataset_dir={no_entities_dataset}", f"--run_dir={tmp_path / 'run'}"])
     with pytest.raises(UserInputError, match=r"row 'Proposed method - N-pair loss \(word mode\)': its metric, "
                                              r"the pointing accuracy \(Table 2\), needs the Flickr30K Entities "
                                              r"Sentences/ and Annotations/ folders"):
-        exp.run(row)
+        exp.run(*exp.recipe_from_flags(row))
 
 
 def test_das_table_run_marks_pointing_rows_not_computed(no_entities_dataset, monkeypatch, tmp_path):
@@ -206,7 +207,8 @@ def test_das_table_run_marks_pointing_rows_not_computed(no_entities_dataset, mon
     from absl import flags
 
     from experiments import npair_localization as exp
-    monkeypatch.setattr(exp, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
+    from tf_twobranch.pipelines import npair_localization as pipeline
+    monkeypatch.setattr(pipeline, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
     f = flags.FlagValues()
     exp.define_flags(f)
     f(["prog", f"--dataset_dir={no_entities_dataset}", "--rows=das_table2_random,das_table2_npair_word",

@@ -32,6 +32,17 @@ def absl_main(run: Callable[[], object]) -> Callable[[list], None]:
     return main
 
 
+def split_paths(flag: str, values) -> dict[str, str]:
+    """``--<flag>=train=path,test=path`` as {split: path} (empty: {})."""
+    out = {}
+    for item in values or ():
+        split, sep, path = item.partition("=")
+        if not sep or split not in ("train", "val", "test") or not path:
+            raise UserInputError(f"--{flag} takes split=path pairs (train=..., test=...), got {item!r}")
+        out[split] = path
+    return out
+
+
 class Argument(NamedTuple):
     """One command-line argument and where it was written (for error messages)."""
     text: str

@@ -63,7 +63,7 @@ RUN_LOADERS = {
     "phrase_localization": "tf_twobranch.runs:load_two_branch_run",
     "dual_path": "tf_twobranch.runs:load_dual_path_run",
     "fragment_embeddings": "tf_twobranch.runs:load_fragment_run",
-    "npair_localization": "tf_twobranch.runs:load_npair_run",
+    "npair_localization": "tf_twobranch.pipelines.npair_localization:load_npair_run",
 }
 
 
@@ -178,15 +178,6 @@ def load_fragment_run(run_dir: pathlib.Path, checkpoint: str) -> Run:
             "its test fragments and model, and .evaluate(...) there gives its metrics")
     return Run(folder, FragmentEmbeddingConfig.FAMILY, model, config, run_results(run_dir, folder),
                split_reader=no_split)
-
-
-def load_npair_run(run_dir: pathlib.Path, checkpoint: str) -> Run:
-    # Its checkpoint holds the image backbone too (frozen or fine-tuned), and the
-    # backbone is rebuilt from the dataset's feature cache or a weights file.
-    raise UserInputError(
-        f"{run_dir}: an N-pair localization run (Das et al.): its model includes the image "
-        "backbone, which is rebuilt from its dataset; experiments.npair_localization."
-        "load_row(run_dir) loads the model with its test maps and captions")
 
 
 # ------------------------------------------------------------------ evaluation split records

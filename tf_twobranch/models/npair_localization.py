@@ -22,26 +22,44 @@ maps (frozen CNN) or ``image`` (B, S, S, 3) RGB 0..255 (CNN trained end to
 end, ``train_backbone``); ``token_ids`` (B, T) int32 (or ``word_inputs`` (B, T, word_dim):
 phrase-parsed captions) and ``token_mask`` (B, T).
 Image b is paired with caption b.
+
+Evaluation (the family contract's ``evaluate(split)``): an `NPairEvaluationSplit`
+holds the test split's backbone maps (``image``, memory-mapped where cached),
+its captions' token rows (``text``, ``token_mask``) and, where the dataset has
+Flickr30K Entities, the pointing-game phrases (``queries``).
+`NPairLocalizationModel.evaluate` returns retrieval under the split's protocol
+(`evaluation.localization_retrieval`) and the pointing accuracy in the
+split's parse mode (`evaluation.localization_maps`), the ``metrics`` the
+experiment writes into results.json; `evaluation_results` gives every
+protocol asked for and both parse modes (results.json ``retrieval`` and
+``pointing``).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+import pathlib
+import tempfile
+from typing import ClassVar, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
-from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.evaluation import localization_maps
+from tf_twobranch.evaluation.localization_retrieval import evaluate_localization_retrieval
+from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
+from tf_twobranch.models.evaluation_input import reject_unused_arguments
 from tf_twobranch.losses import npair as npair_losses
 from tf_twobranch.losses import localization_volume as volume
 
 LOSSES = ("npair", "triplet")
 
 __all__ = ["LOSSES", "START_TOKEN", "END_TOKEN", "NPairLocalizationConfig", "NPairLocalizationModel",
-           "build_npair_model", "save_npair_config", "load_npair_config"]
+           "NPairEvaluationSplit", "headline_metrics", "build_npair_model", "save_npair_config",
+           "load_npair_config"]
 
 
 @dataclasses.dataclass
@@ -81,6 +99,40 @@ class NPairLocalizationConfig(ModelConfig):
         if self.margin < 0:
             raise ConfigError(f"margin must be >= 0, got {self.margin}")
 
+
+@dataclasses.dataclass
+class NPairEvaluationSplit(EvaluationSplit):
+    """An `EvaluationSplit` of the N-pair family: ``image`` (num_images, h, w, C) backbone maps,
+    ``text`` (num_captions, T) token ids, ``caption_image``, ``protocol``, and
+
+    * ``token_mask`` (num_captions, T): the caption's words among its T positions;
+    * ``image_ids``: the id of each image row (the pointing game finds a phrase's image by id);
+    * ``queries``: the split's Flickr30K Entities phrases (`evaluation.pointing_game.PointingQuery`),
+      None where the dataset has none (retrieval only);
+    * ``vocabulary``, ``max_words``: how a phrase's words become the caption branch's inputs
+      (the model's vocabulary, the captions' clip);
+    * ``parse_mode``, ``pointing_counting``: the pointing game reported (`localization_maps`);
+    * ``score_dtype``: matmul dtype of the retrieval scores (float32, or bfloat16 for S_MaxImage).
+    """
+    token_mask: np.ndarray | None = None
+    image_ids: Sequence[str] = ()
+    queries: list | None = None
+    vocabulary: Sequence[str] = ()
+    max_words: int = 20
+    parse_mode: str = "word"
+    pointing_counting: str = "phrase"
+    score_dtype: str = "float32"
+
+
+def headline_metrics(results: dict, protocol: str, parse_mode: str) -> dict:
+    """A row's metrics from its evaluation results (`evaluation_results`, or a baseline's
+    ``{"pointing": {"baseline": ...}}``): retrieval under `protocol`, and the pointing accuracy in
+    `parse_mode` where the pointing game was played."""
+    metrics = dict(results.get("retrieval", {}).get(protocol, {}))
+    pointing = results.get("pointing")
+    if pointing:
+        metrics["pointing_accuracy"] = pointing.get(parse_mode, pointing.get("baseline"))["accuracy"]
+    return metrics
 
 
 class NPairLocalizationModel(keras.Model):
@@ -184,6 +236,53 @@ class NPairLocalizationModel(keras.Model):
     @property
     def metrics(self):
         return [self.loss_tracker]
+
+    # ----------------------------------------------------------- evaluation
+    def evaluation_results(self, split: NPairEvaluationSplit, *, protocols: Sequence[str] | None = None,
+                           work_dir=None) -> dict:
+        """``{"retrieval": {protocol: metrics}, "pointing": {parse mode: results}}`` of a split.
+
+        The split's projected maps and token vectors are written once, chunk by chunk, to a
+        temporary folder in `work_dir` (default: the system's), read by every protocol (default:
+        the split's) and the pointing game (both parse modes, when the split has ``queries``),
+        and removed when done: memory holds a chunk, not the split.
+        """
+        if not isinstance(split, EvaluationSplit) or getattr(split, "token_mask", None) is None:
+            raise UserInputError("an N-pair localization model is evaluated on an NPairEvaluationSplit (backbone "
+                                 "maps, token ids and their token_mask): load_run(run_dir).evaluation_split() or "
+                                 "tf_twobranch.pipelines.npair_localization.evaluation_split")
+        c = self.config
+        out = {}
+        with tempfile.TemporaryDirectory(dir=work_dir, prefix=".evaluation_") as folder:
+            image_maps = localization_maps.evaluation_maps(self, split.image, folder)
+            vectors = localization_maps.token_vector_rows(self, split.text, split.token_mask,
+                                                          pathlib.Path(folder) / "token_vectors.npy")
+            out["retrieval"] = {p: evaluate_localization_retrieval(
+                image_maps.normalised, vectors, split.token_mask, split.caption_image, p,
+                aggregator=c.aggregator, token_average=c.token_average, score_dtype=split.score_dtype)
+                for p in (protocols or [split.protocol])}
+            if split.queries is not None:
+                by_image = localization_maps.RowsById(split.image_ids, image_maps.projected)
+                out["pointing"] = {mode: localization_maps.pointing_results(
+                    split.queries, localization_maps.query_heat_maps(
+                        self, by_image, split.queries, split.vocabulary, mode=mode, max_words=split.max_words),
+                    counting=split.pointing_counting) for mode in localization_maps.PARSE_MODES}
+            del image_maps, vectors
+        return out
+
+    def evaluate(self, x=None, y=None, *, protocol: str | None = None, work_dir=None, **kwargs) -> dict:
+        """The family contract: the metrics of a test split (`NPairEvaluationSplit`, e.g.
+        `load_run(run_dir).evaluation_split()`): R@K both ways, median/mean rank and rsum of
+        S(I, T) under `protocol` (default: the split's), and ``pointing_accuracy`` in the split's
+        parse mode where it has Entities phrases — the ``metrics`` of the run's results.json.
+        A `tf.data.Dataset` of training batches gives Keras' loss evaluation instead."""
+        if isinstance(x, tf.data.Dataset):
+            kwargs.setdefault("return_dict", True)
+            return super().evaluate(x, y, **kwargs)
+        reject_unused_arguments(kwargs, type(self).__name__)
+        protocol = protocol or getattr(x, "protocol", None) or "full"
+        results = self.evaluation_results(x, protocols=[protocol], work_dir=work_dir)
+        return headline_metrics(results, protocol, x.parse_mode)
 
 
 def build_npair_model(config: NPairLocalizationConfig | dict, word_vectors: np.ndarray | None = None,
