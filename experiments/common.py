@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pathlib
-import re
 from typing import Callable, Sequence
 
 import keras
@@ -14,6 +13,7 @@ from tf_twobranch.data.corpus import split_fingerprint
 from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 from tf_twobranch.evaluation import retrieval
+from tf_twobranch.pipelines.recipes import slug, split_paths  # noqa: F401 (re-exported)
 from tf_twobranch.speed import set_precision
 from tf_twobranch.training import trainer
 
@@ -85,17 +85,6 @@ def define_word_vector_flags(fv, *, word_dim_help: str, word_dim: int = 300) -> 
     flags.DEFINE_string("word_vectors", "", "Local word2vec (binary/text, e.g. GoogleNews .bin) or "
                         "GloVe text file; empty: trained on the training captions.", **d)
     flags.DEFINE_integer("word_dim", word_dim, word_dim_help, lower_bound=2, **d)
-
-
-def split_paths(flag: str, values) -> dict[str, str]:
-    """``--<flag>=train=path,test=path`` as {split: path} (empty: {})."""
-    out = {}
-    for item in values or ():
-        split, sep, path = item.partition("=")
-        if not sep or split not in ("train", "val", "test") or not path:
-            raise UserInputError(f"--{flag} takes split=path pairs (train=..., test=...), got {item!r}")
-        out[split] = path
-    return out
 
 
 def define_feature_storage_flag(fv) -> None:
@@ -268,11 +257,6 @@ def row_overrides(f, define_flags: Callable[[flags.FlagValues], None], runner_fl
         else:
             out.append(f"--{name}={value}")
     return out
-
-
-def slug(text: str) -> str:
-    """A file-system friendly name for a table row."""
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "run"
 
 
 def paper_numbers(text: str) -> list[float | None] | None:
