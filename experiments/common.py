@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pathlib
-import re
 from typing import Callable, Sequence
 
 import keras
@@ -10,11 +9,12 @@ import numpy as np
 from absl import flags, logging
 
 from tf_twobranch import cli, distribute, json_files
-from tf_twobranch.cli import split_paths  # noqa: F401  (re-exported for the experiments)
+from tf_twobranch.cli import split_paths  # noqa: F401 (re-exported)
 from tf_twobranch.data.corpus import split_fingerprint
 from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 from tf_twobranch.evaluation import retrieval
+from tf_twobranch.pipelines.recipes import slug  # noqa: F401 (re-exported)
 from tf_twobranch.speed import set_precision
 from tf_twobranch.training import trainer
 
@@ -258,11 +258,6 @@ def row_overrides(f, define_flags: Callable[[flags.FlagValues], None], runner_fl
         else:
             out.append(f"--{name}={value}")
     return out
-
-
-def slug(text: str) -> str:
-    """A file-system friendly name for a table row."""
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "run"
 
 
 def paper_numbers(text: str) -> list[float | None] | None:

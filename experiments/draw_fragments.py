@@ -11,10 +11,10 @@ it, green when they describe the image and red otherwise (the paper's
 Fig. 4); ``--align_top_sentence`` then aligns the top retrieved sentence
 instead of the image's own, as the paper's figure does.
 
-The row is rebuilt from its run folder (`fragment_embeddings.load_row`: its
-results.json flags, the cached fragment features and the last stage's
-checkpoint); the boxes come from the proposals file the row used (or
-``--proposals``).
+The row is rebuilt from its run folder alone (`tf_twobranch.pipelines.
+fragment_embeddings`: the last stage's model and checkpoint, and from its
+recorded recipe the cached fragment features); the boxes come from the
+proposals file the row used (or ``--proposals``).
 
 Example::
 
@@ -98,8 +98,6 @@ def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     if align_top_sentence and not top_sentences:
         raise UserInputError("--align_top_sentence aligns the top retrieved sentence: give --top_sentences >= 1")
     # TensorFlow, the row and its data: only now (see the note at the imports).
-    from experiments import fragment_embeddings as fe
-    from tf_twobranch.data.embedded import load_embedded_dataset
     from tf_twobranch.data.formats.images import load_image
     from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.evaluation.fragment_retrieval import fragment_score_fn
@@ -107,15 +105,17 @@ def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     from tf_twobranch.features.prepare_fragments import FragmentImages
     from tf_twobranch.features.prepare_regions import read_split_proposals
     from tf_twobranch.losses.fragment import fragment_scores
+    from tf_twobranch.pipelines import fragment_embeddings as pipeline
 
-    f, caption_splits, images, text, model = fe.load_row(run_dir)
+    run = pipeline.load_fragment_run(run_dir)
+    model, f = run.model, pipeline.FragmentRecipe.from_record(run.config, str(run.run_dir / "run_config.json"))
+    source, _, caption_splits, images, text = pipeline.load_data(f)
     if model.config.representation != "fragments":
         raise UserInputError(f"{run_dir}: a {model.config.representation} row embeds whole images and "
                              "sentences, not fragments: there is nothing to align")
     split = f.eval_split
     corpus, split_images, fragments = caption_splits[split], images[split], text.splits[split]
     chosen = _chosen_images(split_images.image_ids, image_indices, image_ids, split)
-    source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
     layout = resolve_dataset(source, caption_format=f.caption_format, images_dir=f.images_dir or None,
                              proposals=proposals or f.proposals or None)
     if f.fragment_features and not proposals:
@@ -127,7 +127,7 @@ def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
 
     one = FragmentImages([split_images.image_ids[n] for n in chosen], split_images.inputs[chosen],
                          split_images.mask[chosen], split_images.head)
-    v, v_mask, s, row_splits = fe.embed_split(model, fe.image_inputs(one, model.config), one.mask, fragments)
+    v, v_mask, s, row_splits = model.embed_split(pipeline.image_inputs(one, model.config), one.mask, fragments)
     words, relations = text.word_vectors.words, text.relations
     out_dir = pathlib.Path(out_dir)
     written = []

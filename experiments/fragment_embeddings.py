@@ -20,6 +20,13 @@ With `--rows`, each row's flagfile (``karpathy_table{2,3}_*.cfg``) is run
 with the other flags given here, and the tables are printed in the paper's
 layout with the paper's numbers; the results go to `--out_json`.
 
+The flags become a `FragmentRecipe` once per row (`recipe_from_flags`); the
+data, model configuration, schedule and evaluation are the library's
+(`tf_twobranch.pipelines.fragment_embeddings`), the tables
+`experiments.fragment_tables`. A finished row loads with
+``tf_twobranch.runs.load_run(run_dir)`` (no absl): its
+``model.evaluate(run.evaluation_split())`` gives its results.json metrics.
+
 With no --dataset_dir the embedded digit scenes are used (their
 ``captions.conllu`` parses, ``proposals.h5`` boxes and the scene CNN) with
 the small profile below.
@@ -30,25 +37,17 @@ import pathlib
 import time
 
 import keras
-import numpy as np
 from absl import app, flags, logging
 
-from experiments import common
-from tf_twobranch.checkpoints import load_checkpoint
+from experiments import common, fragment_tables
+from experiments.fragment_tables import format_record
 from tf_twobranch.cli import absl_main, parse_flags
-from tf_twobranch.data.embedded import load_embedded_dataset
-from tf_twobranch.data.layout import resolve_dataset
-from tf_twobranch.data.retrieval_data import load_caption_splits
-from tf_twobranch.data.sentence_fragments import caption_keys
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.evaluation.fragment_retrieval import evaluate_fragment_retrieval
 from tf_twobranch.export.fragment_embedding import export_fragment_model
-from tf_twobranch.features.prepare_fragments import (FragmentFeatureSpec, FragmentTextSpec,
-                                                     image_fragment_inputs, sentence_fragment_inputs)
-from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses.fragment import GLOBAL_SCORES, MIL_ZERO_SCORES
-from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
-                                                    load_fragment_config, save_fragment_config)
+from tf_twobranch.models.fragment_embedding import build_fragment_model, save_fragment_config
+from tf_twobranch.pipelines import fragment_embeddings as pipeline
+from tf_twobranch.pipelines.fragment_embeddings import FragmentRecipe
 from tf_twobranch.sampling import fragment_batches
 from tf_twobranch.training import trainer
 
@@ -66,7 +65,6 @@ from tf_twobranch.training import trainer
 # fine-tuned at 0.01× the rate: at 1× it diverged (rsum 1.6, below chance).
 EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 4, "lr_drop_epochs": 1,
                     "learning_rate": 1e-4, "class_balanced": True, "cnn_learning_rate_scale": 0.01}
-PAPER_LAYOUT = ("R@1", "R@5", "R@10", "Med r")
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -179,224 +177,80 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (--rows; default runs/).", **d)
 
 
-# ---------------------------------------------------------------------------- data
-
-
-def _fragment_feature_files(values) -> dict | None:
-    return common.split_paths("fragment_features", values) or None
-
-
-def load_data(f):
-    """(dataset folder, layout, caption splits, image fragments, sentence fragments) of a row."""
-    if f.dataset_dir and not pathlib.Path(f.dataset_dir).is_dir():
-        raise common.UserInputError(f"--dataset_dir={f.dataset_dir}: dataset folder does not exist")
-    source = pathlib.Path(f.dataset_dir) if f.dataset_dir else load_embedded_dataset()
-    layout = resolve_dataset(source, caption_format=f.caption_format, images_dir=f.images_dir or None,
-                             proposals=f.proposals or None)
-    corpora = load_caption_splits(layout)
-    splits = {}
-    for name in ("train", f.eval_split):
-        limit = f.max_train_images if name == "train" else f.max_test_images
-        corpus = corpora[name]
-        splits[name] = corpus.subset(corpus.image_ids[:limit], source=corpus.source) if limit else corpus
-    parses = None
-    if f.parser == "spacy":
-        from tf_twobranch.data import spacy_parses  # spaCy is an optional extra: imported only when asked for
-        nlp = spacy_parses.load_spacy_model(f.spacy_model)
-        cache = pathlib.Path(f.features_cache or source / "features")
-        parses = cache / f"parses_spacy_{common.slug(f.spacy_model)}_{len(splits['train'].captions)}.conllu"
-        if not parses.exists():
-            trees = {}
-            for corpus in splits.values():
-                trees.update(spacy_parses.parse_captions(nlp, corpus.captions, caption_keys(corpus)))
-            parses.parent.mkdir(parents=True, exist_ok=True)
-            spacy_parses.write_caption_parses(parses, trees)
-    text = sentence_fragment_inputs(layout, splits, FragmentTextSpec(
-        fragments=f.fragments, collapse_prepositions=f.collapse_prepositions,
-        min_relation_fraction=f.min_relation_fraction, parses=f.parses or None,
-        word_vectors=f.word_vectors or None, word_dim=f.word_dim, seed=f.seed), parses=parses)
-    images = image_fragment_inputs(layout, splits, f.features_cache or source / "features", FragmentFeatureSpec(
-        image_backbone=f.image_backbone, backbone_weights=f.backbone_weights or None,
-        scene_cnn_epochs=f.scene_cnn_epochs, proposals=f.proposals or None, detections=f.detections,
-        fragment_features=_fragment_feature_files(f.fragment_features), seed=f.seed,
-        feature_dtype=f.feature_dtype))
-    if f.image_fragments == "fullframe":
-        for split in images.values():
-            split.mask = split.mask.copy()
-            split.mask[:, 1:] = False
-    return source, layout, splits, images, text
-
-
-# ---------------------------------------------------------------------------- model
-
-
-def build_config(f, images, text) -> FragmentEmbeddingConfig:
-    train = images["train"]
-    head = f.fine_tune_cnn and train.head is not None
-    if f.fine_tune_cnn and train.head is None:
-        raise common.UserInputError("--fine_tune_cnn trains the CNN's top layer on cached activations: it needs "
-                                    "--image_backbone=scene_cnn (precomputed --fragment_features and the "
-                                    "ImageNet backbones give final features only)")
-    return FragmentEmbeddingConfig(
-        image_dim=int(train.inputs.shape[2] if head else (train.head[0].shape[1] if train.head else
-                                                             train.inputs.shape[2])),
-        num_relations=max(1, len(text.relations)), vocabulary_size=len(text.word_vectors.words),
-        word_dim=text.word_vectors.dim, embed_dim=f.embed_dim,
-        shared_relation_weights=f.shared_relation_weights, global_weight=f.global_weight,
-        weight_decay=f.weight_decay, global_margin=f.global_margin, smoothing=f.smoothing,
-        normaliser=f.normaliser, class_balanced=f.class_balanced, mil_zero_score=f.mil_zero_score,
-        global_score=f.global_score, decay_biases=f.decay_biases,
-        use_fragment_objective=f.fragment_objective and f.representation != "devise",
-        use_global_objective=f.global_objective or f.representation == "devise",
-        representation=f.representation, image_head_dim=int(train.head[0].shape[1]) if head else 0,
-        cnn_learning_rate_scale=f.cnn_learning_rate_scale)
-
-
-def image_inputs(split, config: FragmentEmbeddingConfig):
-    """The model's image input of a split: the CNN features, or the activations below its top layer.
-
-    A row-indexable array as the cache holds it (memory-mapped, float32 or
-    float16): the batches and `embed_split` read it a chunk at a time.
-    """
-    return split.inputs if config.image_head_dim else split.features()
-
-
-def _stage_epochs(f) -> list[tuple[int, int, int]]:
-    """(stage, first epoch, end epoch) of each stage."""
-    if not (f.mil or f.fine_tune_cnn):
-        return [(1, 0, f.epochs)]
-    switch = f.epochs // 2 if f.mil_start == "paper" else int(round(0.75 * f.epochs))
-    switch = min(max(switch, 1), f.epochs - 1) if f.epochs > 1 else 0
-    return [(1, 0, switch), (2, switch, f.epochs)] if switch else [(2, 0, f.epochs)]
-
-
-def _learning_rate(f, steps_per_epoch: int, first_epoch: int, end_epoch: int):
-    """The stage's rate: × 0.1 from epoch `epochs - lr_drop_epochs` on (steps counted from the stage start)."""
-    drop = f.epochs - f.lr_drop_epochs
-    if f.lr_drop_epochs == 0 or drop >= end_epoch:
-        return f.learning_rate
-    if drop <= first_epoch:
-        return 0.1 * f.learning_rate
-    return keras.optimizers.schedules.PiecewiseConstantDecay(
-        [(drop - first_epoch) * steps_per_epoch], [f.learning_rate, 0.1 * f.learning_rate])
-
-
-def _initial_weights(model, path: str) -> str:
-    p = pathlib.Path(path)
-    candidates = [p] if p.suffix == ".h5" else [p / s / "checkpoints" / "latest.weights.h5"
-                                                for s in ("stage2", "stage1", ".")]
-    weights = next((c for c in candidates if c.is_file()), None)
-    if weights is None:
-        raise common.UserInputError(f"--init_from={path}: no checkpoint found (looked for "
-                                    f"{', '.join(map(str, candidates))})")
-    load_checkpoint(model, weights)
-    return str(weights)
-
-
-# ---------------------------------------------------------------------------- evaluation
-
-
-def embed_split(model, image_inputs, image_mask: np.ndarray, fragments, chunk: int = 256):
-    """Embedded fragments of a split: v (N, M', h), mask (N, M'), s (total, h), row_splits.
-
-    `image_inputs` (N, M, D) is read `chunk` images at a time (a memory map
-    of the raw features is never loaded whole: 5,000 × 20 × 4,096 floats are
-    1.6 GB, their embeddings at h = 1,000 0.4 GB).
-    """
-    vs, vms = [], []
-    for i in range(0, len(image_inputs), chunk):
-        v, vm = model.embed_images(np.asarray(image_inputs[i:i + chunk], np.float32), image_mask[i:i + chunk])
-        vs.append(np.asarray(v))
-        vms.append(np.asarray(vm))
-    if model.config.representation == "devise":
-        padded = fragment_batches.padded_sentence_arrays(fragments.relation, fragments.word1, fragments.word2,
-                                                         fragments.row_splits)
-        s, sm = model.embed_sentences(padded["relation"], padded["word1"], padded["word2"],
-                                      padded["sentence_mask"])
-        keep = np.asarray(sm)[:, 0]
-        row_splits = np.concatenate([[0], np.cumsum(keep)]).astype(np.int64)
-        return np.concatenate(vs), np.concatenate(vms), np.asarray(s)[keep, 0], row_splits
-    s = [np.asarray(model.embed_sentence_fragments(fragments.relation[i:i + 65536], fragments.word1[i:i + 65536],
-                                                   fragments.word2[i:i + 65536]))
-         for i in range(0, max(1, len(fragments.relation)), 65536)]
-    return np.concatenate(vs), np.concatenate(vms), np.concatenate(s), fragments.row_splits
-
-
-def evaluate(model, image_inputs, image_mask, fragments, caption_image, protocol: str) -> dict:
-    v, vm, s, row_splits = embed_split(model, image_inputs, image_mask, fragments)
-    return evaluate_fragment_retrieval(v, vm, s, row_splits, caption_image, protocol,
-                                       **model.config.score_options())
-
-
-# ---------------------------------------------------------------------------- one row
-
-
-def run(f) -> dict:
-    """Runs one table row; returns the results record (also written as JSON)."""
-    start = time.time()
+def recipe_from_flags(f) -> tuple[FragmentRecipe, dict]:
+    """The row's recipe (its flags' values, the embedded profile applied) and the flags the user typed."""
     typed = common.typed_flags(f)
     applied = common.apply_embedded_profile(f, EMBEDDED_PROFILE)
     if applied:
         logging.info("embedded dataset: using its profile defaults %s", applied)
-    row_name = f.row_name or "fragment_embeddings"
-    run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
-    source, layout, splits, images, text = load_data(f)
-    evaluation = splits[f.eval_split]
-    protocol = common.resolve_protocol(f, evaluation.num_images, split=f"the {f.eval_split} split")
-    record = {"row": row_name, "task": "fragment_embeddings", "dataset": str(source),
-              **common.flag_record(f, typed),
-              "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
-              "paper_protocol": f.paper_protocol, "num_train_images": splits["train"].num_images,
+    return FragmentRecipe.from_dict({name: f[name].value for name in FragmentRecipe.field_names()}), typed
+
+
+def run(f) -> dict:
+    """Runs one table row of the flags `f` (its recipe is built here, once); returns its results record."""
+    return run_recipe(*recipe_from_flags(f))
+
+
+def run_recipe(r: FragmentRecipe, typed: dict | None = None) -> dict:
+    """Runs one table row; returns the results record (also written as JSON)."""
+    start = time.time()
+    row_name = r.row_name or "fragment_embeddings"
+    run_dir = pathlib.Path(r.run_dir) if r.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
+    data = pipeline.load_data(r)
+    splits, images, text = data.splits, data.images, data.text
+    evaluation = splits[r.eval_split]
+    protocol = common.resolve_protocol(r, evaluation.num_images, split=f"the {r.eval_split} split")
+    saved = {"typed_flags": typed or {}, "recipe": r.to_dict()}     # the recipe after its protocol is resolved
+    record = {"row": row_name, "task": "fragment_embeddings", "dataset": str(data.source), **saved,
+              "paper": common.paper_numbers(r.paper_results), "paper_dataset": r.paper_dataset,
+              "paper_protocol": r.paper_protocol, "num_train_images": splits["train"].num_images,
               "num_eval_images": evaluation.num_images, "num_eval_captions": evaluation.num_captions,
               **common.split_record(protocol, evaluation),
               "fragments": text.stats, "stages": []}
     random_metrics = retrieval.random_baseline_metrics(evaluation.num_images, evaluation.caption_image,
-                                                       protocol=f.protocol, seed=f.seed)
-    if f.random_ranking:
+                                                       protocol=r.protocol, seed=r.seed)
+    if r.random_ranking:
         record.update(metrics=random_metrics, random_baseline=random_metrics, seconds=time.time() - start)
-        common.write_json(f.out_json or run_dir / "results.json", record)
+        common.write_json(r.out_json or run_dir / "results.json", record)
         return record
-    config = build_config(f, images, text)
-    strategy = common.setup_training(f)
+    config = pipeline.build_config(r, images, text)
+    strategy = common.setup_training(r)
     with strategy.scope():
         model = build_fragment_model(config, text.word_vectors.vectors)
     if config.image_head_dim:
         kernel, bias = images["train"].head
         model.image_head.set_weights([kernel, bias])
-    if f.init_from:
-        record["init_from"] = _initial_weights(model, f.init_from)
-    train_inputs = image_inputs(images["train"], config)
-    sentences = fragment_batches.padded_sentence_arrays(
-        text.splits["train"].relation, text.splits["train"].word1, text.splits["train"].word2,
-        text.splits["train"].row_splits)
-    steps = f.steps_per_epoch or fragment_batches.steps_per_epoch(splits["train"].num_captions, f.batch_size)
-    for stage, first, end in _stage_epochs(f):
+    if r.init_from:
+        record["init_from"] = pipeline.initial_weights(model, r.init_from)
+    train_inputs = pipeline.image_inputs(images["train"], config)
+    train_text = text.splits["train"]
+    sentences = fragment_batches.padded_sentence_arrays(train_text.relation, train_text.word1, train_text.word2,
+                                                        train_text.row_splits)
+    steps = r.steps_per_epoch or fragment_batches.steps_per_epoch(splits["train"].num_captions, r.batch_size)
+    for stage, first, end in pipeline.stage_epochs(r):
         stage_dir = run_dir / f"stage{stage}"
         with strategy.scope():
-            model.mil.assign(f.mil and stage == 2)
+            model.mil.assign(r.mil and stage == 2)
             if model.image_head is not None:
                 model.image_head.trainable = stage == 2
-            optimizer = keras.optimizers.SGD(_learning_rate(f, steps, first, end), momentum=f.momentum)
-            model.compile(optimizer=optimizer, jit_compile=f.jit_compile,
-                          run_eagerly=f.run_eagerly)
-        tcfg = common.train_config(f, epochs=end, learning_rate=f.learning_rate, seed=f.seed + stage,
+            optimizer = keras.optimizers.SGD(pipeline.stage_learning_rate(r, steps, first, end), momentum=r.momentum)
+            model.compile(optimizer=optimizer, jit_compile=r.jit_compile, run_eagerly=r.run_eagerly)
+        tcfg = common.train_config(r, epochs=end, learning_rate=r.learning_rate, seed=r.seed + stage,
                                    optimizer="sgd")
 
         def dataset(start_step=0, stage=stage):
             return fragment_batches.train_dataset(train_inputs, images["train"].mask, sentences,
-                                                  splits["train"].caption_image, batch_size=f.batch_size,
-                                                  seed=f.seed + stage, start_step=start_step)
+                                                  splits["train"].caption_image, batch_size=r.batch_size,
+                                                  seed=r.seed + stage, start_step=start_step)
 
-        run_config = {"model": config.to_dict(), "train": tcfg.__dict__, **common.flag_record(f, typed),
-                      "stage": stage, "task": "fragment_embeddings"}
-        trainer.prepare_run_dir(stage_dir, run_config)
+        trainer.prepare_run_dir(stage_dir, {"model": config.to_dict(), "train": tcfg.__dict__, **saved,
+                                            "stage": stage, "task": "fragment_embeddings"})
         save_fragment_config(stage_dir / "fragment_config.json", config, relations=text.relations,
                              words=text.word_vectors.words, stage=stage)
         stage_start = time.time()
         history = trainer.train(model, dataset, tcfg, stage_dir, steps_per_epoch=steps, initial_epoch=first,
                                 epochs=end)
-        metrics = evaluate(model, image_inputs(images[f.eval_split], config), images[f.eval_split].mask,
-                           text.splits[f.eval_split], evaluation.caption_image, f.protocol)
+        metrics = model.evaluate(pipeline.evaluation_split(r, data, config))
         logging.info("%s - stage %d: %s", row_name, stage, {k: round(v, 2) for k, v in metrics.items()})
         record["stages"].append({"stage": stage, "epochs": [first, end], "mil": bool(model.mil.numpy()),
                                  "cnn_trained": bool(model.image_head is not None and stage == 2),
@@ -406,169 +260,18 @@ def run(f) -> dict:
                                  "run_dir": str(stage_dir)})
     record["metrics"] = record["stages"][-1]["metrics"]
     record["random_baseline"] = random_metrics
-    if f.export and config.representation == "fragments" and common.is_chief():
+    if r.export and config.representation == "fragments" and common.is_chief():
         record["export_dir"] = str(export_fragment_model(
             model, run_dir / "export", relations=text.relations, words=text.word_vectors.words,
-            run_config={"model": config.to_dict(), **common.flag_record(f, typed)}))
+            run_config={"model": config.to_dict(), **saved}))
     record["seconds"] = time.time() - start
-    common.write_json(f.out_json or run_dir / "results.json", record)
+    common.write_json(r.out_json or run_dir / "results.json", record)
     return record
 
 
-def load_row(run_dir):
-    """A finished row again: (flags, caption splits, image fragments, sentence fragments, model).
-
-    The row's recorded flags rebuild its data (the fragment features come
-    from the cache) and the last stage's checkpoint fills the model.
-    """
-    run_dir = pathlib.Path(run_dir)
-    record = read_json_object(run_dir / "results.json", "fragment-embedding run record")
-    if not record.get("stages"):
-        raise common.UserInputError(f"{run_dir}: the run has no trained stage (a random-ranking row?)")
-    f = flags.FlagValues()
-    define_flags(f)
-    f(["row"])
-    for name, value in record["flags"].items():
-        if name in f:
-            f[name].value = value
-    _, _, splits, images, text = load_data(f)
-    stage_dir = pathlib.Path(record["stages"][-1]["run_dir"])
-    config, _ = load_fragment_config(stage_dir / "fragment_config.json")
-    model = build_fragment_model(config, text.word_vectors.vectors)
-    load_checkpoint(model, stage_dir / "checkpoints" / "latest.weights.h5")
-    return f, splits, images, text, model
-
-
-# ---------------------------------------------------------------------------- tables
-
-
-def format_rows(title: str, rows: list[dict], chance: dict | None = None) -> str:
-    """The paper's Table 2/3 layout: R@1, R@5, R@10, Med r of annotation and search, rsum.
-
-    A row's "paper" (8 numbers; None for a cell the paper lacks) is printed
-    below it; `chance` (the random baseline's metrics) ends the table.
-    """
-    rows = [*rows, {"name": common.CHANCE_ROW, "metrics": chance}] if chance else list(rows)
-    width = max([len(r["name"]) for r in rows] + [30])
-    head = "".join(f"{c:>7}" for c in PAPER_LAYOUT)
-    lines = [title, f"{'':{width}} | {'Image Annotation':^28} | {'Image Search':^28} |",
-             f"{'Model':{width}} | {head} | {head} |   rsum", "-" * (width + 72)]
-
-    def cells(values):
-        return "".join(common.format_cell(v, 7, 1 if i % 4 < 3 else 0) for i, v in enumerate(values))
-
-    def line(name, values):
-        recalls = values[:3] + values[4:7]
-        rsum = None if any(v is None for v in recalls) else sum(recalls)
-        return f"{name:{width}} | {cells(values[:4])} | {cells(values[4:8])} | {common.format_cell(rsum, 6)}"
-
-    for r in rows:
-        m = r["metrics"]
-        lines.append(line(r["name"], [m["i2t_r1"], m["i2t_r5"], m["i2t_r10"], m["i2t_medr"],
-                                      m["t2i_r1"], m["t2i_r5"], m["t2i_r10"], m["t2i_medr"]]))
-        if r.get("paper") and len(r["paper"]) == 8:
-            lines.append(line("  (paper)", list(r["paper"])))
-    return "\n".join(lines)
-
-
-def format_record(record: dict) -> str:
-    """One row beside the paper's numbers (when measured under the same protocol) and chance."""
-    paper = common.paper_beside(record["paper"], record["paper_protocol"], record["protocol"],
-                                record["num_eval_images"])
-    title = common.table_title(record["row"], protocol=record["protocol"],
-                               num_images=record["num_eval_images"], num_captions=record["num_eval_captions"],
-                               paper=record["paper"], paper_dataset=record["paper_dataset"],
-                               paper_protocol=record["paper_protocol"])
-    return format_rows(title, [{"name": record["row"], "metrics": record["metrics"], "paper": paper}],
-                       chance=record.get("random_baseline"))
-
-
-# The rows in the order of the paper's tables.
-ROW_ORDER = ("random_ranking", "devise", "fragment_objective", "global_objective", "fragment_global",
-             "fullframe_only", "bow", "bigrams", "fragment_global_mil", "fine_tuned_cnn",
-             "star_fragment_global_mil")
-
-
-def _paper_order(cfg: pathlib.Path):
-    key = cfg.stem.split("_", 2)[2]
-    return (cfg.stem.split("_", 2)[1], ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER), key)
-
-
-def _row_configs(f) -> list[pathlib.Path]:
-    if f.rows == ["all"]:
-        tables = ["2", "3"] if f.table == "all" else [f.table]
-        return sorted((c for t in tables for c in common.CONFIG_DIR.glob(f"karpathy_table{t}_*.cfg")),
-                      key=_paper_order)
-    return [common.resolve_config(name) for name in f.rows]
-
-
-_RUNNER_FLAGS = {"rows", "table", "runs_dir", "out_json", "run_dir", "row_name", "paper_results"}
-
-
-def _finished(row) -> dict | None:
-    """The results of a row already trained in its run folder with the same flags (a table resumes)."""
-    path = pathlib.Path(row.run_dir) / "results.json"
-    if not path.is_file():
-        return None
-    record = read_json_object(path, "fragment-embedding run record")
-    same = record.get("typed_flags") == common.typed_flags(row)
-    # Records written before protocols were checked and fingerprinted are run again.
-    return record if same and "metrics" in record and "test_split_fingerprint" in record else None
-
-
 def run_rows(f) -> dict:
-    """Runs the rows of `--rows` and prints the tables.
-
-    Each row runs once (a row shared by both tables is trained once); a row
-    whose run folder already holds its results with the same flags is not
-    trained again, so an interrupted table resumes.
-    """
-    configs = _row_configs(f)
-    overrides = common.row_overrides(f, define_flags, _RUNNER_FLAGS)
-    runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs"
-    results, done = {}, {}
-    for cfg in configs:
-        row = common.parse_flagfile(define_flags, str(cfg), overrides)
-        key = cfg.stem.split("_", 2)[2]          # the row without its table: shared by Tables 2 and 3
-        row.run_dir = str(runs_dir / f"karpathy_{key}")
-        if key not in done:
-            done[key] = _finished(row) or None
-            if done[key] is None:
-                print(f"--- {cfg.name}: {row.row_name}", flush=True)
-                done[key] = run(row)
-            else:
-                print(f"--- {cfg.name}: {row.row_name}: finished before, results of {row.run_dir}", flush=True)
-        record = done[key]
-        paper = common.paper_numbers(row.paper_results)
-        results[cfg.stem] = {"name": row.row_name, "metrics": record["metrics"], "paper": paper,
-                             "paper_dataset": row.paper_dataset, "paper_protocol": row.paper_protocol,
-                             "paper_beside": common.paper_beside(paper, row.paper_protocol, record["protocol"],
-                                                                  record["num_eval_images"]),
-                             "protocol": record["protocol"],
-                             "test_split_fingerprint": record["test_split_fingerprint"],
-                             "num_eval_images": record["num_eval_images"],
-                             "num_eval_captions": record["num_eval_captions"],
-                             "random_baseline": record["random_baseline"],
-                             "run_dir": row.run_dir, "seconds": record["seconds"]}
-    out = {"rows": results}
-    for table, dataset in (("2", "Flickr8K"), ("3", "Flickr30K")):
-        rows = [r for stem, r in results.items() if stem.startswith(f"karpathy_table{table}_")]
-        texts = []
-        for group in common.groups_by_test_split(rows):
-            first = group[0]
-            title = common.table_title(
-                f"Karpathy et al. Table {table} rows", dataset=done and next(iter(done.values()))["dataset"],
-                protocol=first["protocol"], num_images=first["num_eval_images"],
-                num_captions=first["num_eval_captions"], paper=any(r["paper"] for r in group),
-                paper_dataset=dataset, paper_protocol=first["paper_protocol"])
-            texts.append(format_rows(title, [{**r, "paper": r["paper_beside"]} for r in group],
-                                     chance=first["random_baseline"]))
-        if texts:
-            text = "\n\n".join(texts)
-            print(text)
-            out[f"table{table}"] = text
-    common.write_json(f.out_json or runs_dir / "karpathy_tables.json", out)
-    return out
+    """The rows of `--rows`, each run once (resumed when finished before), and the tables printed."""
+    return fragment_tables.run_rows(f, define_flags, run)
 
 
 def _main() -> None:

@@ -7,6 +7,8 @@ import pytest
 from experiments import common
 from experiments import fragment_embeddings as fe
 from tf_twobranch.data.embedded import generate_embedded_dataset
+from tf_twobranch.pipelines import fragment_embeddings as pipeline
+from tf_twobranch.runs import load_run
 
 TINY = ["--word_dim=8", "--embed_dim=16", "--epochs=4", "--batch_size=20", "--scene_cnn_epochs=1",
         "--verbose=0", "--class_balanced", "--learning_rate=0.001"]
@@ -17,6 +19,12 @@ def tiny_dataset(tmp_path_factory):
     # 60 images: the proposal generator stays in-process (no worker pool to start).
     return generate_embedded_dataset(tmp_path_factory.mktemp("data") / "scenes", num_images=60,
                                      splits=(40, 5, 15), num_proposals=30)
+
+
+def row_data(run):
+    """The recipe and data of a loaded run (what the draw tool rebuilds)."""
+    recipe = pipeline.FragmentRecipe.from_record(run.config)
+    return recipe, pipeline.load_data(recipe)
 
 
 def run_row(cfg, dataset, run_dir, *extra):
@@ -56,11 +64,11 @@ def test_mil_row_trains_two_stages_evaluates_and_reloads(mil_run):
     written = json.loads((run_dir / "results.json").read_text())
     assert written["metrics"] == record["metrics"]
     # The reloaded row scores exactly what the run reported.
-    f, splits, images, text, model = fe.load_row(run_dir)
+    run = load_run(run_dir)
+    recipe, data = row_data(run)
     from tf_twobranch.data.formats.row_arrays import ShardedRows
-    assert isinstance(images["train"].inputs, ShardedRows)          # the cache is read memory-mapped
-    again = fe.evaluate(model, fe.image_inputs(images["test"], model.config), images["test"].mask,
-                        text.splits["test"], splits["test"].caption_image, "full")
+    assert isinstance(data.images["train"].inputs, ShardedRows)          # the cache is read memory-mapped
+    again = run.model.evaluate(pipeline.evaluation_split(recipe, data, run.model.config))
     assert again == pytest.approx(record["metrics"])
 
 
@@ -89,7 +97,8 @@ def test_fine_tuned_cnn_trains_the_top_layer_in_the_second_stage_only(tiny_datas
     run_dir = tmp_path / "ft"
     record = run_row("karpathy_table3_fine_tuned_cnn", tiny_dataset, run_dir, "--epochs=2")
     assert [s["cnn_trained"] for s in record["stages"]] == [False, True]
-    f, splits, images, text, model = fe.load_row(run_dir)
+    run = load_run(run_dir)
+    model, images = run.model, row_data(run)[1].images
     folded_kernel, _ = images["train"].head
     assert model.config.image_head_dim == folded_kernel.shape[1]
     assert not np.allclose(model.image_head.get_weights()[0], folded_kernel)
@@ -188,18 +197,12 @@ def test_draw_fragments_names_what_is_wrong_with_the_run_folder(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_load_run_rebuilds_the_fragment_model_from_the_run_folder_alone(mil_run):
-    from tf_twobranch.errors import UserInputError
-    from tf_twobranch.runs import load_run
-
+def test_load_run_rebuilds_the_fragment_model_and_its_split_from_the_run_folder_alone(mil_run):
     record, run_dir = mil_run
     run = load_run(run_dir)
     assert run.family == "fragment_embedding" and run.results["metrics"] == record["metrics"]
-    _, _, _, _, model = fe.load_row(run_dir)
-    for a, b in zip(run.model.get_weights(), model.get_weights()):
-        np.testing.assert_array_equal(a, b)
-    with pytest.raises(UserInputError, match="load_row"):
-        run.evaluation_split()
+    assert run.run_dir.name == "stage2" and run.results["stage"] == 2
+    assert run.model.evaluate(run.evaluation_split()) == pytest.approx(record["metrics"])
 
 
 def test_spacy_parser_path_parses_the_captions_once_and_trains(tiny_dataset, tmp_path):
@@ -220,7 +223,7 @@ def test_feature_dtype_float16_stores_the_fragment_cache_in_half(tiny_dataset, m
     def load(*extra):
         fv = common.parse_flagfile(fe.define_flags, str(common.resolve_config("karpathy_table2_fragment_global")),
                                    [f"--dataset_dir={tiny_dataset}", *TINY, *extra])
-        return fe.load_data(fv)[3]
+        return pipeline.load_data(fe.recipe_from_flags(fv)[0]).images
 
     full, half = load(), load("--feature_dtype=float16")
     for split in ("train", "test"):

@@ -318,14 +318,16 @@ def test_experiment_flags_reach_the_model_config():
 
     from experiments import common
     from experiments import fragment_embeddings as fe
+    from tf_twobranch.pipelines.fragment_embeddings import build_config
     f = common.parse_flagfile(fe.define_flags, "/dev/null", ["--global_score=max", "--mil_zero_score=ignored",
                                                              "--decay_biases"])
     train = types.SimpleNamespace(inputs=np.zeros((2, 3, 4), np.float32), head=None)
     text = types.SimpleNamespace(relations=["amod", "det"],
                                  word_vectors=types.SimpleNamespace(words=["a", "b", "c"], dim=5))
-    config = fe.build_config(f, {"train": train}, text)
+    config = build_config(fe.recipe_from_flags(f)[0], {"train": train}, text)
     assert (config.global_score, config.mil_zero_score, config.decay_biases) == ("max", "ignored", True)
-    defaults = fe.build_config(common.parse_flagfile(fe.define_flags, "/dev/null", []), {"train": train}, text)
+    defaults = build_config(fe.recipe_from_flags(common.parse_flagfile(fe.define_flags, "/dev/null", []))[0],
+                            {"train": train}, text)
     assert (defaults.global_score, defaults.mil_zero_score, defaults.decay_biases) == ("sum_relu", "negative",
                                                                                        False)
     assert config.score_options() == {"smoothing": 5.0, "normaliser": "paper", "global_score": "max"}

@@ -45,8 +45,6 @@ from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.dual_path import DualPathConfig, load_dual_path_model
-from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
-                                                    load_fragment_config)
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.run_folders import read_run_task
 from tf_twobranch.sampling.dual_path import test_split
@@ -62,7 +60,7 @@ RUN_LOADERS = {
     "image_sentence_retrieval": "tf_twobranch.runs:load_two_branch_run",
     "phrase_localization": "tf_twobranch.runs:load_two_branch_run",
     "dual_path": "tf_twobranch.runs:load_dual_path_run",
-    "fragment_embeddings": "tf_twobranch.runs:load_fragment_run",
+    "fragment_embeddings": "tf_twobranch.pipelines.fragment_embeddings:load_fragment_run",
     "npair_localization": "tf_twobranch.pipelines.npair_localization:load_npair_run",
 }
 
@@ -160,24 +158,6 @@ def load_dual_path_run(run_dir: pathlib.Path, checkpoint: str) -> Run:
     return Run(folder, DualPathConfig.FAMILY, model, config, run_results(run_dir, folder))
 
 
-def load_fragment_run(run_dir: pathlib.Path, checkpoint: str) -> Run:
-    folder = _config_folder(run_dir, FragmentEmbeddingConfig.FILE_NAME)
-    if folder is None:
-        raise UserInputError(f"{run_dir}: the run has no trained stage ({FragmentEmbeddingConfig.FILE_NAME} "
-                             "in stage2/, stage1/ or the folder itself); a random-ranking row has no model")
-    fragment_config, _ = load_fragment_config(folder / FragmentEmbeddingConfig.FILE_NAME)
-    # W_e (frozen word vectors) is a weight of the checkpoint: no data needed.
-    model = build_fragment_model(fragment_config)
-    load_checkpoint(model, run_weights(folder, checkpoint))
-    config = read_json_object(folder / "run_config.json", "run configuration")
-
-    def no_split(run: Run) -> EvaluationSplit:
-        raise UserInputError(
-            f"{run.run_dir}: a deep-fragment-embedding run is evaluated on fragments (S_kl), "
-            "not an EvaluationSplit: experiments.fragment_embeddings.load_row(run_dir) rebuilds "
-            "its test fragments and model, and .evaluate(...) there gives its metrics")
-    return Run(folder, FragmentEmbeddingConfig.FAMILY, model, config, run_results(run_dir, folder),
-               split_reader=no_split)
 
 
 # ------------------------------------------------------------------ evaluation split records

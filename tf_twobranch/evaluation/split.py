@@ -6,7 +6,10 @@ text tower takes) and the image index of each caption (``caption_image``),
 plus the protocol it is ranked under. Two optional fields serve the dual
 path: ``caption_of_row`` when a caption has several text rows (its position
 shifts, averaged per caption) and ``image_class`` when a caption's positives
-are all images of its class (CUHK-PEDES identities).
+are all images of its class (CUHK-PEDES identities). The fragment model
+(S_kl over fragments) takes dicts of arrays there: ``image`` = {"fragments",
+"mask"}, ``text`` = {"relation", "word1", "word2", "row_splits"}
+(`models.fragment_embedding`).
 
 A plain dict with the same keys works wherever a split is taken
 (`tf_twobranch.models.evaluation_input`); `load_run(...).evaluation_split()`

@@ -25,20 +25,33 @@
 Inputs are padded batches: ``image_fragments`` (B, M, D) float with
 ``image_mask`` (B, M); ``relation``, ``word1``, ``word2`` (B, F) int with
 ``sentence_mask`` (B, F). Image k is paired with sentence k.
+
+`FragmentEmbeddingModel.evaluate(split)` ranks a test split by S_kl through
+the one evaluation core (`evaluation.fragment_retrieval`). Its
+`EvaluationSplit` holds fragments, not one row per image or caption:
+``image`` = {"fragments": (N, M, D) image inputs (any row-indexable array,
+read a chunk at a time), "mask": (N, M)}, ``text`` = {"relation", "word1",
+"word2": (total,) ids, "row_splits": (captions + 1,)} (caption l owns
+fragments ``row_splits[l]:row_splits[l + 1]``), and ``caption_image``
+(`tf_twobranch.pipelines.fragment_embeddings.evaluation_split` builds it).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.batching import unpack_batch
-from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.evaluation import retrieval
+from tf_twobranch.evaluation.fragment_retrieval import evaluate_fragment_retrieval
 from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
+from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
 from tf_twobranch.losses import fragment as fragment_losses
+from tf_twobranch.sampling.fragment_batches import padded_sentence_arrays
 
 REPRESENTATIONS = ("fragments", "devise")
 
@@ -236,6 +249,62 @@ class FragmentEmbeddingModel(keras.Model):
         mean = tf.reduce_sum(words * weights, axis=1, keepdims=True) / tf.maximum(
             tf.reduce_sum(weights, axis=1, keepdims=True), 1.0)
         return mean, tf.reduce_any(tf.cast(sentence_mask, tf.bool), axis=1, keepdims=True)
+
+    def embed_split(self, image_fragments, image_mask, fragments, chunk: int = 256):
+        """Embedded fragments of a split: v (N, M', h), mask (N, M'), s (total, h), row_splits.
+
+        `image_fragments` (N, M, D) is read `chunk` images at a time (a memory
+        map of the raw features is never loaded whole: 5,000 × 20 × 4,096
+        floats are 1.6 GB, their embeddings at h = 1,000 0.4 GB). `fragments`:
+        a dict or an object with ``relation``, ``word1``, ``word2`` (total,)
+        and ``row_splits``. DeViSE: one fragment per image and per caption
+        (a caption without words has none).
+        """
+        relation, word1, word2, row_splits = (
+            np.asarray(fragments[k] if isinstance(fragments, dict) else getattr(fragments, k))
+            for k in ("relation", "word1", "word2", "row_splits"))
+        image_mask = np.asarray(image_mask)
+        vs, vms = [], []
+        for i in range(0, len(image_fragments), chunk):
+            v, vm = self.embed_images(np.asarray(image_fragments[i:i + chunk], np.float32), image_mask[i:i + chunk])
+            vs.append(np.asarray(v))
+            vms.append(np.asarray(vm))
+        if self.config.representation == "devise":
+            padded = padded_sentence_arrays(relation, word1, word2, row_splits)
+            s, sm = self.embed_sentences(padded["relation"], padded["word1"], padded["word2"],
+                                         padded["sentence_mask"])
+            keep = np.asarray(sm)[:, 0]
+            row_splits = np.concatenate([[0], np.cumsum(keep)]).astype(np.int64)
+            return np.concatenate(vs), np.concatenate(vms), np.asarray(s)[keep, 0], row_splits
+        s = [np.asarray(self.embed_sentence_fragments(relation[i:i + 65536], word1[i:i + 65536],
+                                                      word2[i:i + 65536]))
+             for i in range(0, max(1, len(relation)), 65536)]
+        return np.concatenate(vs), np.concatenate(vms), np.concatenate(s), row_splits
+
+    def evaluate(self, x=None, y=None, *, protocol: str | None = None,
+                 ks: Sequence[int] = retrieval.DEFAULT_KS, **kwargs) -> dict:
+        """Retrieval metrics of S_kl on a test split (module docstring) through the one evaluation core.
+
+        Returns R@K in both directions, median/mean rank and rsum under
+        `protocol` (default: the split's), with the model's S_kl settings
+        (`FragmentEmbeddingConfig.score_options`). A `tf.data.Dataset` of
+        training batches gives Keras' loss evaluation instead.
+        """
+        if isinstance(x, tf.data.Dataset):
+            kwargs.setdefault("return_dict", True)
+            return super().evaluate(x, y, **kwargs)
+        reject_unused_arguments(kwargs, type(self).__name__)
+        split = as_evaluation_split(x, protocol)
+        if split.caption_of_row is not None or split.image_class is not None:
+            raise UserInputError("caption_of_row / image_class are dual-path evaluation inputs; "
+                                 "a fragment model takes one fragment list per caption")
+        if not (isinstance(split.image, dict) and isinstance(split.text, dict)):
+            raise UserInputError("a fragment model's split has image={'fragments', 'mask'} and text="
+                                 "{'relation', 'word1', 'word2', 'row_splits'} (tf_twobranch.pipelines."
+                                 "fragment_embeddings.evaluation_split)")
+        v, vm, s, row_splits = self.embed_split(split.image["fragments"], split.image["mask"], split.text)
+        return evaluate_fragment_retrieval(v, vm, s, row_splits, split.caption_image, split.protocol, ks=ks,
+                                           **self.config.score_options())
 
     def call(self, inputs, training=False):
         v, vm = self.embed_images(inputs["image_fragments"], inputs["image_mask"], training)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import ClassVar
 
 import keras
 
@@ -38,7 +37,7 @@ from tf_twobranch.data.embedded import load_embedded_dataset
 from tf_twobranch.data.layout import DatasetLayout, resolve_dataset
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.data.tokenize import tokenize_caption
-from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import localization_maps
 from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.features.prepare_npair import (CaptionTokens, NPairInputSpec, NPairText, backbone_maps,
@@ -48,6 +47,7 @@ from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
 from tf_twobranch.models.npair_localization import (NPairEvaluationSplit, NPairLocalizationConfig,
                                                     build_npair_model, headline_metrics, load_npair_config)
+from tf_twobranch.pipelines.recipes import Recipe
 from tf_twobranch.runs import Run, run_weights
 
 __all__ = ["ROW_KINDS", "BASELINE_KINDS", "NPairRecipe", "NPairData", "dataset_layout", "reported_metric",
@@ -59,11 +59,9 @@ BASELINE_KINDS = ("random_point", "centre_point", "channel_mean")
 
 
 @dataclasses.dataclass
-class NPairRecipe:
+class NPairRecipe(Recipe):
     """One row of the N-pair experiment: every flag of ``experiments.npair_localization``, by name,
     with its default (the flags' help says what each means). List flags are tuples."""
-
-    RECORD_KEY: ClassVar[str] = "recipe"     # its entry in results.json
 
     # Data.
     dataset_dir: str = ""
@@ -127,36 +125,6 @@ class NPairRecipe:
     # The table runner (--rows).
     rows: tuple[str, ...] = ()
     runs_dir: str = ""
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def from_dict(cls, values: dict, *, strict: bool = True) -> "NPairRecipe":
-        """A recipe from ``to_dict``'s values; `strict`: unknown names are an error (else ignored)."""
-        names = set(cls.field_names())
-        unknown = sorted(set(values) - names)
-        if unknown and strict:
-            raise ConfigError(f"unknown N-pair recipe entries: {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})
-
-    @classmethod
-    def from_flags(cls, fv) -> "NPairRecipe":
-        """The recipe of parsed flags (an absl FlagValues after `define_flags`; read by name only)."""
-        return cls.from_dict({name: fv[name].value for name in cls.field_names()})
-
-    @classmethod
-    def from_record(cls, record: dict) -> "NPairRecipe":
-        """The recipe a run's results.json stores (``"recipe"``; runs written before it: ``"flags"``)."""
-        if isinstance(record.get(cls.RECORD_KEY), dict):
-            return cls.from_dict(record[cls.RECORD_KEY])
-        if isinstance(record.get("flags"), dict):
-            return cls.from_dict(record["flags"], strict=False)
-        raise UserInputError("the N-pair run's results.json holds no recipe (nor the flags of an older run)")
-
-    def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
 # ---------------------------------------------------------------------------- data
