@@ -225,7 +225,7 @@ def run(recipe: NPairRecipe, typed: dict | None = None) -> dict:
         recipe, evaluation.num_images, split=f"the {recipe.eval_split} split")
     queries = npair.evaluation_queries(layout, evaluation)
     record = {"row": row_name, "task": "npair_localization", "row_kind": recipe.row_kind, "dataset": str(source),
-              "typed_flags": typed, NPairRecipe.RECORD_KEY: recipe.to_dict(),
+              "typed_flags": typed, "recipe": recipe.to_dict(),
               "paper": common.paper_numbers(recipe.paper_results), "paper_dataset": recipe.paper_dataset,
               "paper_protocol": recipe.paper_protocol, "row_metric": npair.reported_metric(recipe),
               "num_train_images": data.splits["train"].num_images, "num_eval_images": evaluation.num_images,

@@ -36,7 +36,7 @@ def test_recipe_fields_are_the_experiments_flags_with_their_defaults():
     recipe = NPairRecipe.from_flags(fv)
     assert recipe == defaults
     assert NPairRecipe.from_record(json.loads(json.dumps({"recipe": recipe.to_dict()}))) == recipe
-    with pytest.raises(Exception, match="unknown N-pair recipe entries"):
+    with pytest.raises(Exception, match="unknown NPairRecipe fields"):
         NPairRecipe.from_dict({"no_such_flag": 1})
 
 
