@@ -18,6 +18,7 @@ from tf_twobranch.pipelines.shared import is_chief, setup_training, train_config
 from tf_twobranch.pipelines.shared import run_record as flag_record  # noqa: F401
 from tf_twobranch.pipelines.shared import write_results as write_json  # noqa: F401
 from tf_twobranch.recipes import SMOKE_HELP, from_flags, smoke_overrides, typed_flags  # noqa: F401
+from tf_twobranch.recipes import define_smoke_flag  # noqa: F401  (--smoke: one definition for every experiment)
 from tf_twobranch.table_runner import resolve_config, slug  # noqa: F401
 from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table,  # noqa: F401
                                  groups_by_test_split, paper_beside, paper_numbers, resolve_protocol,
@@ -225,11 +226,6 @@ def row_overrides(f, define_flags: Callable[[flags.FlagValues], None], runner_fl
     return out
 
 
-
-
-def define_smoke_flag(fv) -> None:
-    """--smoke, the one flag of every experiment that runs any row in seconds (see SMOKE_HELP)."""
-    flags.DEFINE_bool("smoke", False, SMOKE_HELP, flag_values=fv)
 
 
 def recipe_from_flags(cls, f):

@@ -82,8 +82,8 @@ def recipe(f) -> RetrievalRecipe:
 
 
 def load_data(f):
-    """`pipeline.load_data` of the flags' recipe (with the embedded profile and --smoke applied)."""
-    return pipeline.load_data(pipeline.prepare(recipe(f), common.typed_flags(f))[0])
+    """`pipeline.load_data` of parsed flags as they are (no profile: e.g. a run's recorded flags)."""
+    return pipeline.load_data(recipe(f))
 
 
 def run(f, flagfile: str | None = None) -> dict:

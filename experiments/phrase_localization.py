@@ -114,8 +114,8 @@ def dataset_layout(f, dataset_dir=None):
 
 
 def load_data(f):
-    """(the dataset layout, {"train": PhraseLocalizationData, "test": ...}) of parsed flags."""
-    return pipeline.load_data(pipeline.prepare(recipe(f), common.typed_flags(f))[0])
+    """`pipeline.load_data` of parsed flags as they are (no profile: e.g. a run's recorded flags)."""
+    return pipeline.load_data(recipe(f))
 
 
 def run(f, flagfile: str | None = None) -> dict:

@@ -117,6 +117,8 @@ SMOKE = {
     # N-pair localization (npair_localization): one epoch of two steps.
     "npair_localization": {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40,
                            "max_test_images": 20},
+    # Text-only sentence retrieval baselines (sentence_retrieval_baselines): small encoders.
+    "sentence_baselines": {"num_components": 4, "max_fit_words": 2000, "word_vector_dim": 32},
 }
 _ZERO_MEANS_ALL = ("max_train_images", "max_test_images", "max_proposals", "steps_per_epoch")
 
@@ -125,7 +127,16 @@ SMOKE_HELP = ("Run the row in seconds (a check that it runs, not a result): caps
               "localization: --epochs, --constraint_epochs, --hard_negative_epochs at most 1, "
               "40/20 images, 20 proposals; dual path: --stage1_epochs=--stage2_epochs=1, 32 "
               "training images; fragment and N-pair: --epochs=1 --steps_per_epoch=2, 40/20 "
-              "images (tf_twobranch.recipes.SMOKE).")
+              "images; sentence baselines: 4 mixture components, 2000 words, 32-d vectors "
+              "(tf_twobranch.recipes.SMOKE).")
+
+
+def define_smoke_flag(fv) -> None:
+    """--smoke, the one flag of every experiment that runs any row in seconds (`SMOKE_HELP`);
+    `experiments.common.define_smoke_flag` is this (kept here so tools that import no
+    TensorFlow at start-up can define it too)."""
+    from absl import flags
+    flags.DEFINE_bool("smoke", False, SMOKE_HELP, flag_values=fv)
 
 
 def smoke_overrides(family: str) -> dict:
