@@ -100,7 +100,7 @@ def _train_missing(f) -> tuple[pathlib.Path, pathlib.Path]:
             return module.run(common.parse_flagfile(module.define_flags, str(path), arguments))
 
         record, = table_runner.run_table([cfg], run_row, overrides=overrides,
-                                         runs_dir=common.REPO_ROOT / "runs" / "table5",
+                                         runs_dir=table_runner.default_runs_dir() / "table5",
                                          is_chief=common.is_chief)
         runs.append(pathlib.Path(record["run_dir"]))
     return runs[0], runs[1]

@@ -136,7 +136,7 @@ def _announce(cfg, record, reused) -> None:
 
 def _main() -> None:
     overrides = _row_overrides(_expanded_argv(sys.argv))
-    runs_dir = pathlib.Path(FLAGS.runs_dir) if FLAGS.runs_dir else common.REPO_ROOT / "runs"
+    runs_dir = pathlib.Path(FLAGS.runs_dir) if FLAGS.runs_dir else table_runner.default_runs_dir()
     configs = table_runner.select_rows(
         FLAGS.rows, pattern=f"table{FLAGS.table}_*.cfg",
         default=lambda every: [c for c in every if any(k in c.stem for k in MAIN_ROWS)])

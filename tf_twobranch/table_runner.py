@@ -31,6 +31,7 @@ flagfile into their recipe, run it) and their table printer.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 from typing import Callable, Iterable, Sequence
@@ -41,6 +42,13 @@ from tf_twobranch.errors import UserInputError
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "experiments" / "configs"
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
+RUNS_DIR_VARIABLE = "TF_TWOBRANCH_RUNS"
+
+
+def default_runs_dir() -> pathlib.Path:
+    """Where run folders go by default: ``$TF_TWOBRANCH_RUNS``, else ``runs/`` in the repository."""
+    override = os.environ.get(RUNS_DIR_VARIABLE)
+    return pathlib.Path(override).expanduser() if override else DEFAULT_RUNS_DIR
 ROW_RECORD = "table_row.json"
 
 
@@ -63,8 +71,8 @@ def resolve_config(name: str | pathlib.Path) -> pathlib.Path:
 def run_folder(runs_dir: str | pathlib.Path | None, flagfile: str | pathlib.Path | None = None,
                row_name: str = "") -> pathlib.Path:
     """THE run-folder rule: ``<runs_dir>/<flagfile stem>``, or ``<runs_dir>/<slug(row_name)>``
-    without a flagfile (runs_dir: default ``runs/`` in the repository)."""
-    parent = pathlib.Path(runs_dir) if runs_dir else DEFAULT_RUNS_DIR
+    without a flagfile (runs_dir: default `default_runs_dir()`, ``runs/`` in the repository)."""
+    parent = pathlib.Path(runs_dir) if runs_dir else default_runs_dir()
     if flagfile:
         return parent / pathlib.Path(str(flagfile)).stem
     return parent / slug(row_name or "run")
