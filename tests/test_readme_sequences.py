@@ -51,7 +51,7 @@ def readme_commands() -> list[tuple[str, str]]:
                 pending = text[:-1] + " "
                 continue
             pending = ""
-            text = re.sub(r"\s+#.*$", "", text).strip()
+            text = re.sub(r"\s+", " ", re.sub(r"\s+#.*$", "", text)).strip()
             if text:
                 out.append((section, text))
         elif block == "python":
