@@ -21,11 +21,14 @@ phrases keeps D = d.
 
 Without --image_sentence_run / --region_phrase_run both models are first
 trained with the full-model flagfiles (table2_b6… and table1_b5…), with
---train_overrides (e.g. shorter schedules) applied to both.
+--train_overrides (e.g. shorter schedules; --smoke adds the rows' --smoke) applied
+to both, into runs/table5/<flagfile stem> (tf_twobranch.table_runner; reused
+when they finished earlier with the same arguments).
 """
 from __future__ import annotations
 
 import pathlib
+import sys
 import time
 
 import numpy as np
@@ -35,6 +38,7 @@ from scipy import sparse
 from experiments import common
 from experiments import image_sentence_retrieval as isr
 from experiments import phrase_localization as pl
+from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.formats.flickr30k_entities import NOTVISUAL_TYPE, NULL_CHAIN_ID, read_sentence_file
 from tf_twobranch.data.tokenize import tokenize_caption
@@ -62,6 +66,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("image_chunk", 50, "Images per block when computing phrase-to-region minima.",
                          lower_bound=1, **d)
     flags.DEFINE_string("paper_dataset", "Flickr30K", "Dataset the paper numbers are for.", **d)
+    common.define_smoke_flag(fv)
     common.define_output_flags(fv, row_name="Weighted distance", verbose=0, paper_results_help=(
         "12 numbers: the image-sentence model's i2t R@1,5,10, t2i R@1,5,10, then the weighted "
         "distance's."))
@@ -79,20 +84,25 @@ def _row_flags(define, run_config: dict):
 
 
 def _train_missing(f) -> tuple[pathlib.Path, pathlib.Path]:
+    """The two runs: given, or trained (or reused) through the table runner."""
     runs = []
     for given, cfg, module in ((f.image_sentence_run, f.image_sentence_flagfile, isr),
                                (f.region_phrase_run, f.region_phrase_flagfile, pl)):
         if given:
             runs.append(pathlib.Path(given))
             continue
-        run_dir = common.REPO_ROOT / "runs" / f"table5_{common.slug(cfg)}"
-        overrides = [*f.train_overrides, f"--run_dir={run_dir}", "--export=false", f"--verbose={f.verbose}"]
-        if f.dataset_dir:
-            overrides.append(f"--dataset_dir={f.dataset_dir}")
-        fv = common.parse_flagfile(module.define_flags, str(common.resolve_config(cfg)), overrides)
-        print(f"=== training {cfg} into {run_dir}", flush=True)
-        module.run(fv)
-        runs.append(run_dir)
+        overrides = [*f.train_overrides, "--export=false", f"--verbose={f.verbose}",
+                     *(["--smoke"] if f.smoke else []),
+                     *([f"--dataset_dir={f.dataset_dir}"] if f.dataset_dir else [])]
+
+        def run_row(path, arguments, module=module):
+            print(f"training {path.name} ({' '.join(arguments)})", flush=True)
+            return module.run(common.parse_flagfile(module.define_flags, str(path), arguments))
+
+        record, = table_runner.run_table([cfg], run_row, overrides=overrides,
+                                         runs_dir=table_runner.default_runs_dir() / "table5",
+                                         is_chief=common.is_chief)
+        runs.append(pathlib.Path(record["run_dir"]))
     return runs[0], runs[1]
 
 
@@ -140,7 +150,7 @@ def region_phrase_distances(rp_model, phrase_features: np.ndarray, proposal_feat
     return out
 
 
-def run(f) -> dict:
+def run(f, flagfile: str | None = None) -> dict:
     start = time.time()
     is_run, rp_run = _train_missing(f)
     is_loaded, rp_loaded = load_run(is_run), load_run(rp_run)
@@ -222,7 +232,8 @@ def run(f) -> dict:
             np.arange(test.num_images), np.arange(test.num_captions), test.caption_image, is_flags.protocol,
             chunk_size=f.chunk_size, score_fn_factory=neg_distance(weighted))
     record["seconds"] = time.time() - start
-    run_dir = pathlib.Path(f.run_dir) if f.run_dir else common.REPO_ROOT / "runs" / common.slug(f.row_name)
+    run_dir = pathlib.Path(f.run_dir) if f.run_dir else table_runner.run_folder(None, flagfile, f.row_name)
+    record["run_dir"] = str(run_dir)
     common.write_json(f.out_json or run_dir / "results.json", record)
     return record
 
@@ -243,7 +254,11 @@ def format_table(record: dict) -> str:
 
 
 def _main() -> None:
-    print(format_table(run(flags.FLAGS)))
+    record = run(flags.FLAGS, flagfile=table_runner.flagfile_of(sys.argv))
+    print(format_table(record))
+    print(table_runner.next_command(
+        record["run_dir"], f"python -m experiments.draw_localization --run_dir={record['region_phrase_run']} "
+        "--out_dir=figures", load_run=False))
 
 
 main = absl_main(_main)

@@ -1,25 +1,32 @@
-"""Shared helpers of the experiment entry points: flag parsing per row, tables."""
+"""Shared helpers of the experiment entry points: flag definitions, flag parsing per row,
+flags -> recipe. Everything that needs no flags lives in the library and is re-exported here:
+tables and protocols (`tf_twobranch.tables`), training set-up and records
+(`tf_twobranch.pipelines.shared`), the table runner and run-folder rule
+(`tf_twobranch.table_runner`), recipes and --smoke (`tf_twobranch.recipes`).
+"""
 from __future__ import annotations
 
-import pathlib
 from typing import Callable, Sequence
 
-import keras
-import numpy as np
-from absl import flags, logging
+from absl import flags
 
-from tf_twobranch import cli, distribute, json_files
+from tf_twobranch import cli, table_runner
 from tf_twobranch.cli import split_paths  # noqa: F401 (re-exported)
-from tf_twobranch.data.corpus import split_fingerprint
 from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.pipelines.recipes import slug  # noqa: F401 (re-exported)
-from tf_twobranch.speed import set_precision
-from tf_twobranch.training import trainer
+from tf_twobranch.pipelines.shared import is_chief, setup_training, train_config  # noqa: F401
+from tf_twobranch.pipelines.shared import run_record as flag_record  # noqa: F401
+from tf_twobranch.pipelines.shared import write_results as write_json  # noqa: F401
+from tf_twobranch.recipes import SMOKE_HELP, from_flags, smoke_overrides, typed_flags  # noqa: F401
+from tf_twobranch.recipes import define_smoke_flag  # noqa: F401  (--smoke: one definition for every experiment)
+from tf_twobranch.table_runner import resolve_config, slug  # noqa: F401
+from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table,  # noqa: F401
+                                 groups_by_test_split, paper_beside, paper_numbers, resolve_protocol,
+                                 split_record, table_title)
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"
+REPO_ROOT = table_runner.REPO_ROOT
+CONFIG_DIR = table_runner.CONFIG_DIR
 
 
 def parse_flagfile(define: Callable[[flags.FlagValues], None], flagfile: str,
@@ -44,17 +51,6 @@ def parse_flagfile(define: Callable[[flags.FlagValues], None], flagfile: str,
         raise UserInputError(f"{flagfile}: {leftover[0]!r} is not a flag ({where}); expected "
                              "--name=value")
     return fv
-
-
-def resolve_config(name: str) -> pathlib.Path:
-    """A flagfile by path, or by bare name inside experiments/configs/."""
-    p = pathlib.Path(name)
-    if p.exists():
-        return p
-    candidate = CONFIG_DIR / (name if name.endswith(".cfg") else f"{name}.cfg")
-    if candidate.exists():
-        return candidate
-    raise UserInputError(f"flagfile {name!r} not found (looked in {CONFIG_DIR})")
 
 
 # ------------------------------------------------------------------ flags
@@ -185,46 +181,6 @@ def define_run_flags(fv, *, export_help: str, paper_results_help: str) -> None:
     define_output_flags(fv, paper_results_help=paper_results_help)
 
 
-def typed_flags(f) -> dict:
-    """The flags the user set (command line or flagfile), before any default profile is applied.
-
-    Run records keep these apart from the effective values (``flags``):
-    `apply_embedded_profile` and the experiments fill in values the user did
-    not type.
-    """
-    return {name: f[name].value for name in f if f[name].present}
-
-
-def flag_record(f, typed: dict | None = None) -> dict:
-    """``{"typed_flags": what the user set, "flags": every effective value}`` for run records."""
-    return {"typed_flags": typed_flags(f) if typed is None else typed,
-            "flags": f.flag_values_dict()}
-
-
-def setup_training(f):
-    """Applies the shared run flags before a model is built; returns the strategy.
-
-    Seeds every generator (`--seed`; with `--deterministic` also
-    deterministic TF ops), sets the dtype policy (`--precision`) and creates
-    the `tf.distribute` strategy (`--strategy`).
-    """
-    keras.utils.set_random_seed(f.seed)
-    if f.deterministic:
-        trainer.make_deterministic(f.seed)
-    set_precision(f.precision)
-    return distribute.get_strategy(f.strategy)
-
-
-def train_config(f, *, epochs: int, learning_rate: float, seed: int | None = None, **overrides):
-    """The trainer's configuration from the shared run flags (strategy, verbosity, backups, determinism)."""
-    tcfg = trainer.TrainConfig(epochs=epochs, learning_rate=learning_rate,
-                               seed=f.seed if seed is None else seed, strategy=f.strategy,
-                               verbose=f.verbose, backup_every_steps=f.backup_every_steps,
-                               deterministic=f.deterministic, **overrides)
-    tcfg.validate()
-    return tcfg
-
-
 def apply_embedded_profile(f, profile: dict) -> dict:
     """Sets a profile's values on flags the user did not set, when no --dataset_dir is given.
 
@@ -260,142 +216,25 @@ def row_overrides(f, define_flags: Callable[[flags.FlagValues], None], runner_fl
     return out
 
 
-def paper_numbers(text: str) -> list[float | None] | None:
-    """--paper_results as numbers; "nan" marks a cell the paper does not report (None)."""
-    if not text:
-        return None
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise UserInputError(f"--paper_results must be comma-separated numbers, got {text!r}") from None
-    return [None if np.isnan(v) else v for v in values]
 
 
-# ------------------------------------------------------------------ protocols
+def recipe_from_flags(cls, f):
+    """The experiment's row recipe of parsed flags (`tf_twobranch.recipes.from_flags`)."""
+    return from_flags(cls, f)
 
 
-def resolve_protocol(f, num_test_images: int, *, split: str = "the test split") -> dict:
-    """Checks --protocol against the test split it is applied to; the record's entries naming it.
-
-    A protocol that does not fit is refused (its name, the test-split size it
-    needs and the size found), except on the embedded data (no --dataset_dir),
-    whose 1,000-image test split is too small for the shipped COCO rows: there
-    the split is scored under "full" (one gallery) and the record says so
-    (`requested_protocol`, `protocol_note`); --protocol is set to "full".
-    """
-    reason = retrieval.protocol_mismatch(f.protocol, num_test_images, split=split)
-    if reason is None:
-        return {"protocol": f.protocol}
-    if f.dataset_dir:
-        retrieval.check_protocol(f.protocol, num_test_images, split=split)
-    note = (f"embedded dataset: {reason}; scored under protocol full (one gallery of "
-            f"{num_test_images} images) instead")
-    logging.warning("%s", note)
-    requested, f.protocol = f.protocol, "full"
-    return {"protocol": "full", "requested_protocol": requested, "protocol_note": note}
+def runner_arguments(argv: Sequence[str], runner_flags) -> list[str]:
+    """The flags of a table runner's command line (flagfiles expanded) that go to every row."""
+    return table_runner.row_arguments([a.text for a in cli.expand_flagfiles(list(argv[1:]))],
+                                      runner_flags)
 
 
-def split_record(protocol_entries: dict, corpus) -> dict:
-    """`protocol`, `test_split_fingerprint` and the split's size, for a results record.
-
-    `corpus`: the evaluated split, anything with `image_ids`, `captions` and
-    `caption_image` (a `CaptionCorpus`, the dual path's data).
-    Two results are comparable only when both agree: the same protocol on the
-    same ordered images and captions.
-    """
-    fingerprint = split_fingerprint(corpus.image_ids, corpus.captions, corpus.caption_image)
-    return {**protocol_entries, "test_split_fingerprint": fingerprint,
-            "num_test_images": corpus.num_images, "num_test_captions": corpus.num_captions}
-
-
-def paper_beside(paper, paper_protocol: str, protocol: str, num_test_images: int):
-    """The paper's numbers if they were measured like this result, else None."""
-    if paper and retrieval.protocols_agree(protocol, num_test_images, paper_protocol):
-        return paper
-    return None
-
-
-def groups_by_test_split(records: list[dict]) -> list[list[dict]]:
-    """Run records grouped by (protocol, test-split fingerprint), in first-seen order: rows are
-    put in one table only when they were measured the same way on the same split."""
-    groups: dict[tuple, list[dict]] = {}
-    for record in records:
-        groups.setdefault((record["protocol"], record["test_split_fingerprint"]), []).append(record)
-    return list(groups.values())
-
-
-def table_title(what: str, *, protocol: str, num_images: int, num_captions: int,
-                paper=None, paper_dataset: str = "", paper_protocol: str = "",
-                dataset: str = "") -> str:
-    """A table's title: what it shows, its protocol and test-split size, and whose numbers
-    the '(paper)' rows are (or why the paper's numbers are not shown)."""
-    on = f" on {dataset}" if dataset else ""
-    title = (f"{what}{on}; {retrieval.describe_protocol(protocol, num_images)}, "
-             f"{num_captions} captions")
-    if paper:
-        source = f"{paper_dataset or 'the paper'}, protocol {paper_protocol or 'not declared'}"
-        if paper_beside(paper, paper_protocol, protocol, num_images):
-            title += f"; '(paper)' rows: {source}"
-        else:
-            title += f"; the paper's numbers ({source}) are not shown beside a {protocol} result"
-    return title
-
-
-def format_cell(value, width: int = 8, digits: int = 1) -> str:
-    """One number of a table; a cell the paper does not report (None, NaN) prints as '–'."""
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return f"{'–':>{width}}"
-    return f"{value:{width}.{digits}f}"
-
-
-CHANCE_ROW = "chance (random embeddings, same protocol)"
-
-
-def format_retrieval_table(title: str, rows: list[dict], ks=(1, 5, 10), chance: dict | None = None) -> str:
-    """The paper's Table 2/3 layout: image-to-sentence and sentence-to-image R@K.
-
-    Each row dict has "name", "metrics" (ours) and optionally "paper" (six
-    numbers in the same order; None for a cell the paper lacks). A fold
-    protocol's metrics get a '± std' line with the spread over its folds.
-    `chance` (the random baseline's metrics) ends the table.
-    """
-    cols = [f"R@{k}" for k in ks]
-    rows = [*rows, {"name": CHANCE_ROW, "metrics": chance}] if chance else list(rows)
-    name_w = max([len(r["name"]) for r in rows] + [24])
-    header = (f"{'':{name_w}} | {'Image-to-sentence':^{8 * len(ks)}} | "
-              f"{'Sentence-to-image':^{8 * len(ks)}} |")
-    sub = f"{'Method':{name_w}} | " + "".join(f"{c:>8}" for c in cols) + " | " + \
-        "".join(f"{c:>8}" for c in cols) + " | " + f"{'rsum':>7}"
-    lines = [title, "=" * len(sub), header, sub, "-" * len(sub)]
-
-    def line(name, values, rsum):
-        return (f"{name:{name_w}} | " + "".join(format_cell(v) for v in values[:len(ks)])
-                + " | " + "".join(format_cell(v) for v in values[len(ks):2 * len(ks)])
-                + f" | {format_cell(rsum, 7)}")
-
-    for r in rows:
-        m = r["metrics"]
-        keys = [f"i2t_r{k}" for k in ks] + [f"t2i_r{k}" for k in ks]
-        vals = [m[k] for k in keys]
-        lines.append(line(r["name"], vals, m.get("rsum", sum(vals))))
-        if "rsum_fold_std" in m:
-            lines.append(line(f"  ± std over {m['num_folds']} folds",
-                              [m[f"{k}_fold_std"] for k in keys], m["rsum_fold_std"]))
-        if r.get("paper"):
-            p = list(r["paper"][:2 * len(ks)])
-            rsum = None if any(v is None for v in p) else sum(p)
-            lines.append(line("  (paper)", p, rsum))
-    lines.append("-" * len(sub))
-    return "\n".join(lines)
-
-
-def is_chief() -> bool:
-    """True unless this process is a non-chief worker of a multi-worker run (TF_CONFIG)."""
-    return distribute.is_chief()
-
-
-def write_json(path, payload):
-    # Under MultiWorkerMirroredStrategy every worker computes the same
-    # results; only the chief writes them (the run dir is shared).
-    if is_chief():
-        json_files.write_json(path, payload)
+def define_runner_flags(fv, *, rows_help: str, runs_dir: bool = True) -> None:
+    """--rows, --runs_dir and --resume: the table runner's flags (tf_twobranch.table_runner)."""
+    d = dict(flag_values=fv)
+    flags.DEFINE_list("rows", [], rows_help, **d)
+    if runs_dir:
+        flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders, each named after "
+                            "its flagfile (default runs/ in the repository).", **d)
+    flags.DEFINE_bool("resume", True, "Reuse rows that finished earlier with the same arguments "
+                      "(<run folder>/results.json and table_row.json); --noresume runs them again.", **d)

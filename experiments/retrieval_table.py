@@ -4,10 +4,12 @@ r"""Runs every row of TPAMI Table 2 (Flickr30K) or Table 3 (MSCOCO 1K) and print
     python -m experiments.retrieval_table --table=3 --dataset_dir=/data/coco ...
 
 Each row is a flagfile in experiments/configs/ (table<N>_*.cfg), runnable on
-its own with `python -m experiments.image_sentence_retrieval --flagfile=...`.
-Flags given here after the runner's own (e.g. --dataset_dir, --epochs) are
-passed to every row. Features are computed once and cached. The full model's
-row is exported as a SavedModel.
+its own with `python -m experiments.image_sentence_retrieval --flagfile=...`;
+either way its run folder is runs/<flagfile stem> (tf_twobranch.table_runner).
+Flags given here after the runner's own (e.g. --dataset_dir, --epochs, --smoke)
+are passed to every row. Rows that finished earlier with the same arguments
+are reused (--noresume runs them again). Features are computed once and
+cached. The full model's row is exported as a SavedModel.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from absl import app, flags
 
 from experiments import common
 from experiments import image_sentence_retrieval as isr
+from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, exit_with_user_error, expand_flagfiles, parse_flags
 from tf_twobranch.data.embedded import default_dataset_dir
 from tf_twobranch.errors import UserInputError
@@ -42,10 +45,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     """The runner's own flags; every other flag goes to the rows (see `_row_overrides`)."""
     d = dict(flag_values=fv)
     flags.DEFINE_enum("table", "2", ["2", "3"], "2: Flickr30K rows; 3: MSCOCO 1K rows.", **d)
-    flags.DEFINE_list("rows", [], "Row flagfiles (names in experiments/configs or paths), or "
-                      "'all' for every table<N>_*.cfg; default: the main rows (CCA, linear and "
-                      "nonlinear bi-directional, neighbourhood sampling, + constraints, similarity "
-                      "network) — the LSTM and single-directional rows need --rows=all.", **d)
+    common.define_runner_flags(fv, rows_help=(
+        "Row flagfiles (names in experiments/configs or paths), or 'all' for every "
+        "table<N>_*.cfg; default: the main rows (CCA, linear and nonlinear bi-directional, "
+        "neighbourhood sampling, + constraints, similarity network) — the LSTM and "
+        "single-directional rows need --rows=all."), runs_dir=False)
     flags.DEFINE_string("export_row", "b6", "Row whose model is exported (substring of its "
                         "flagfile name); empty: none.", **d)
     flags.DEFINE_string("out_json", "", "Results of all rows (default <runs_dir>/table<N>.json).", **d)
@@ -98,7 +102,7 @@ def _expanded_argv(argv: list[str]) -> list[str]:
 
 def _row_overrides(argv: list[str]) -> list[str]:
     """Flags that belong to the rows: everything the runner (and absl) does not define."""
-    return [a for a in argv[1:] if a.startswith("-") and _flag_name(a) not in FLAGS]
+    return table_runner.row_arguments(argv[1:], list(FLAGS))
 
 
 def format_table(records: list[dict], table: str) -> str:
@@ -121,28 +125,30 @@ def format_table(records: list[dict], table: str) -> str:
     return "\n\n".join(tables)
 
 
+def _run_row(cfg, arguments) -> dict:
+    return isr.run(common.parse_flagfile(isr.define_flags, str(cfg), arguments))
+
+
+def _announce(cfg, record, reused) -> None:
+    print(f"{cfg.name}: {record['row']}", flush=True)
+    print(isr.format_record(record), flush=True)
+
+
 def _main() -> None:
     overrides = _row_overrides(_expanded_argv(sys.argv))
-    runs_dir = pathlib.Path(FLAGS.runs_dir) if FLAGS.runs_dir else common.REPO_ROOT / "runs"
-    every = sorted(common.CONFIG_DIR.glob(f"table{FLAGS.table}_*.cfg"))
-    if FLAGS.rows == ["all"]:
-        configs = every
-    elif FLAGS.rows:
-        configs = [common.resolve_config(r) for r in FLAGS.rows]
-    else:
-        configs = [c for c in every if any(k in c.stem for k in MAIN_ROWS)]
+    runs_dir = pathlib.Path(FLAGS.runs_dir) if FLAGS.runs_dir else table_runner.default_runs_dir()
+    configs = table_runner.select_rows(
+        FLAGS.rows, pattern=f"table{FLAGS.table}_*.cfg",
+        default=lambda every: [c for c in every if any(k in c.stem for k in MAIN_ROWS)])
     _print_estimate(configs, overrides)
-    rows, records = [], []
     start = time.time()
-    for cfg in configs:
-        export = bool(FLAGS.export_row) and FLAGS.export_row in cfg.stem
-        fv = common.parse_flagfile(isr.define_flags, str(cfg),
-                                   [*overrides, f"--export={str(export).lower()}",
-                                    f"--run_dir={runs_dir / cfg.stem}"])
-        print(f"\n=== {cfg.name}: {fv.row_name}", flush=True)
-        record = isr.run(fv)
-        records.append(record)
-        print(isr.format_record(record), flush=True)
+
+    def export(cfg) -> list[str]:
+        return [f"--export={str(bool(FLAGS.export_row) and FLAGS.export_row in cfg.stem).lower()}"]
+
+    records = table_runner.run_table(configs, _run_row, overrides=overrides, runs_dir=runs_dir,
+                                     extra_arguments=export, resume=FLAGS.resume, announce=_announce,
+                                     is_chief=common.is_chief)
     print()
     print(format_table(records, FLAGS.table))
     s2s = [(r["row"], r["sentence_retrieval"]) for r in records if "sentence_retrieval" in r]
@@ -157,6 +163,8 @@ def _main() -> None:
     out = FLAGS.out_json or runs_dir / f"table{FLAGS.table}.json"
     common.write_json(out, {"rows": records, "seconds": time.time() - start})
     print(f"results: {out} ({time.time() - start:.0f} s)")
+    last = next((r for r in reversed(records) if r.get("export_dir")), records[-1])
+    print(isr.follow_up(last))
 
 
 main = absl_main(_main)

@@ -33,6 +33,7 @@ from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.json_files import write_json
+from tf_twobranch.recipes import capped, define_smoke_flag, smoke_overrides
 
 _REALDATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "realdata"
 
@@ -62,6 +63,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                          **d)
     flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
     flags.DEFINE_string("out_json", None, "Where to write the results (JSON).", **d)
+    define_smoke_flag(fv)
 
 
 logger = logging.getLogger("sentence_retrieval_baselines")
@@ -86,6 +88,9 @@ def run() -> dict:
     from tf_twobranch.features.text_features import build_text_encoder, encoder_needs_word_vectors
     from tf_twobranch.features.word_vectors import train_word_vectors
 
+    if FLAGS.smoke:
+        for name, cap in smoke_overrides("sentence_baselines").items():
+            FLAGS[name].value = capped(name, FLAGS[name].value, cap)
     for name in FLAGS.encoders:
         encoder_needs_word_vectors(name)  # raises ConfigError for unknown names
     for path in (FLAGS.captions, FLAGS.train_split, FLAGS.test_split):
@@ -166,6 +171,8 @@ def run() -> dict:
     print(format_table(output))
     if FLAGS.out_json:
         write_json(FLAGS.out_json, output)   # atomic; creates the folder
+        print(f"results: {FLAGS.out_json}\nNext: python -m experiments.retrieval_table "
+              "(the learned embeddings' sentence-to-sentence retrieval, the same protocol)")
     return output
 
 

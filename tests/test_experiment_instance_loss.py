@@ -8,6 +8,7 @@ from absl import flags
 
 from experiments import common
 from experiments import instance_loss as exp
+from tf_twobranch.pipelines import dual_path as pipeline
 
 CONFIGS = sorted(common.CONFIG_DIR.glob("zheng_*.cfg"))
 TINY = ["--max_train_images=32", "--max_test_images=12", "--stage1_epochs=1",
@@ -38,8 +39,8 @@ def test_flagfiles_parse_and_carry_paper_numbers(path):
     paper = common.paper_numbers(f.paper_results)
     assert paper and len(paper) in (3, 6)
     assert f.row_name
-    exp._stages(f.stages)
-    exp._lambdas(f.stage1_lambdas, "stage1_lambdas")
+    pipeline._stages(f.stages)
+    pipeline._lambdas(f.stage1_lambdas, "stage1_lambdas")
 
 
 def test_unknown_flag_in_a_flagfile_is_a_clear_error(tmp_path):
@@ -51,9 +52,9 @@ def test_unknown_flag_in_a_flagfile_is_a_clear_error(tmp_path):
 
 def test_bad_lambdas_and_stages_are_clear_errors():
     with pytest.raises(common.UserInputError, match="three numbers"):
-        exp._lambdas(["1", "x", "1"], "stage2_lambdas")
+        pipeline._lambdas(["1", "x", "1"], "stage2_lambdas")
     with pytest.raises(common.UserInputError, match="--stages"):
-        exp._stages(["3"])
+        pipeline._stages(["3"])
 
 
 def test_word2vec_init_on_user_data_needs_a_local_file(tmp_path):

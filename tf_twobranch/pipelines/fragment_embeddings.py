@@ -41,7 +41,8 @@ from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
                                                     load_fragment_config)
 from tf_twobranch.cli import split_paths
-from tf_twobranch.pipelines.recipes import Recipe, slug
+from tf_twobranch.recipes import Recipe
+from tf_twobranch.table_runner import slug
 from tf_twobranch.runs import Run, _config_folder, run_results, run_weights
 
 __all__ = ["FragmentRecipe", "FragmentData", "load_data", "build_config", "image_inputs", "evaluation_split",

@@ -47,7 +47,7 @@ from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
 from tf_twobranch.models.npair_localization import (NPairEvaluationSplit, NPairLocalizationConfig,
                                                     build_npair_model, headline_metrics, load_npair_config)
-from tf_twobranch.pipelines.recipes import Recipe
+from tf_twobranch.recipes import Recipe
 from tf_twobranch.runs import Run, run_weights
 
 __all__ = ["ROW_KINDS", "BASELINE_KINDS", "NPairRecipe", "NPairData", "dataset_layout", "reported_metric",

@@ -1,0 +1,198 @@
+"""The README's command sequences of the two-branch and dual-path families (issue 24, item 6).
+
+Every run folder a README command names (``draw_localization --saved_model/--run_dir``,
+``saved_model_cli --dir``, the notebook's and the dual path's ``load_run``) must be made by a
+command above it, under the one run-folder rule (`tf_twobranch.table_runner.run_folder`).
+
+* `test_readme_follow_up_commands_name_folders_made_above_them` (fast, no training) reads the
+  README in order and checks each named folder against the folders the commands above it
+  make, computed with the runner's own rule and row selection.
+* `test_readme_sequences_run_at_tiny_size` (heavy: opt-in with
+  ``TF_TWOBRANCH_README_SEQUENCES=1``; ~5 min on 2 cores) runs each
+  sequence as written, with ``--smoke`` and tiny sizes appended, on a small generated dataset
+  (``$TF_TWOBRANCH_DATA``) with the run folders under a temporary ``runs/``
+  (``$TF_TWOBRANCH_RUNS``, the README's relative ``runs/...`` from a temporary working folder),
+  and checks that each folder a later command names exists and the command succeeds.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from tf_twobranch import table_runner
+
+REPO = table_runner.REPO_ROOT
+README = REPO / "README.md"
+OWNED = ("retrieval_table", "image_sentence_retrieval", "phrase_localization", "instance_loss",
+         "combined_retrieval", "draw_localization")
+RUN_PATH = re.compile(r"runs/[A-Za-z0-9_./-]+")
+
+
+def readme_commands() -> list[tuple[str, str]]:
+    """(section, command) of every shell command in the README's bash blocks and every
+    ``load_run("...")`` of its python blocks, in order (continuation lines joined, comments cut)."""
+    out, section, block, pending = [], "", None, ""
+    for line in README.read_text(encoding="utf-8").splitlines():
+        heading = re.match(r"#+ (.*)", line) if block is None else None
+        if heading:
+            section = heading.group(1).strip()
+        if line.startswith("```"):
+            block = None if block else (line[3:].strip() or "text")
+            continue
+        if block == "bash":
+            text = pending + line.strip()
+            if text.endswith("\\"):
+                pending = text[:-1] + " "
+                continue
+            pending = ""
+            text = re.sub(r"\s+", " ", re.sub(r"\s+#.*$", "", text)).strip()
+            if text:
+                out.append((section, text))
+        elif block == "python":
+            found = re.search(r"load_run\(\"(runs/[^\"]+)\"\)", line)
+            if found:
+                out.append((section, f"load_run {found.group(1)}"))
+    return out
+
+
+def _module(command: str) -> str | None:
+    found = re.search(r"-m experiments\.(\w+)", command)
+    return found.group(1) if found else None
+
+
+def _flag(command: str, name: str) -> str | None:
+    found = re.search(rf"--{name}=(\S+)", command)
+    return found.group(1) if found else None
+
+
+def folders_made(command: str) -> set[str]:
+    """The run folders (relative, 'runs/...') a README command of an owned family makes."""
+    module = _module(command)
+    if module not in OWNED or _flag(command, "dataset_dir"):
+        return set()
+    runs = pathlib.Path("runs")
+
+    def row(cfg, export: bool, extra=()) -> set[str]:
+        folder = table_runner.run_folder(runs, cfg)
+        return {str(folder), *(str(folder / e) for e in ((("export",) if export else ()) + tuple(extra)))}
+
+    made: set[str] = set()
+    if module == "retrieval_table":
+        from experiments.retrieval_table import MAIN_ROWS
+        rows = (_flag(command, "rows") or "").split(",") if _flag(command, "rows") else []
+        table = _flag(command, "table") or "2"
+        configs = table_runner.select_rows(rows, pattern=f"table{table}_*.cfg", default=lambda every: [
+            c for c in every if any(k in c.stem for k in MAIN_ROWS)])
+        for cfg in configs:
+            made |= row(cfg, "b6" in cfg.stem)
+    elif module == "phrase_localization" and _flag(command, "rows"):
+        for cfg in table_runner.select_rows(_flag(command, "rows").split(","), pattern="table1_*.cfg"):
+            made |= row(cfg, "b5" in cfg.stem)
+    elif module in ("image_sentence_retrieval", "phrase_localization", "instance_loss") and _flag(command, "flagfile"):
+        made |= row(_flag(command, "flagfile"), "--noexport" not in command,
+                    ("stage1", "stage2") if module == "instance_loss" else ())
+    elif module == "combined_retrieval":
+        made |= {str(table_runner.run_folder(runs, _flag(command, "flagfile")))}
+    return made
+
+
+def folders_named(command: str) -> list[str]:
+    """The run folders a command reads (not the ones it makes)."""
+    if command.startswith("load_run "):
+        return [command.split(" ", 1)[1]]
+    module = _module(command)
+    if command.startswith("saved_model_cli") or module in ("draw_localization",) or \
+            ("load_run(" in command and module is None):
+        return [p.rstrip("'\")") for p in RUN_PATH.findall(command)]
+    return []
+
+
+def test_readme_has_the_sequences():
+    commands = [c for _, c in readme_commands()]
+    assert any("experiments.retrieval_table" in c for c in commands)
+    assert any("experiments.draw_localization" in c for c in commands)
+    assert any(c.startswith("load_run runs/") for c in commands)
+    assert any("saved_model_cli show --dir runs/" in c for c in commands)
+
+
+def test_readme_follow_up_commands_name_folders_made_above_them():
+    made: set[str] = set()
+    for section, command in readme_commands():
+        for folder in folders_named(command):
+            if folder.startswith(("runs/karpathy", "runs/das_")):
+                continue   # the fragment and N-pair families (converted separately)
+            assert folder.rstrip("/") in made, f"README, {section}: {command!r} names {folder}, which no " \
+                                               f"command above it makes (made: {sorted(made)})"
+        made |= folders_made(command)
+
+
+# --------------------------------------------------------------------------- slow: run them
+
+TINY = {
+    "retrieval_table": ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--top_k=3",
+                        "--scene_cnn_epochs=1", "--word_dim=8", "--verbose=0", "--cca_components=8"],
+    "phrase_localization": ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--top_k=3",
+                            "--scene_cnn_epochs=1", "--word_dim=8", "--verbose=0",
+                            "--negatives_per_phrase=5"],
+    "instance_loss": ["--text_width=2", "--text_blocks=1,1,1,1", "--hidden_dim=16", "--embed_dim=16",
+                      "--word_dim=8", "--verbose=0", "--batch_size=16", "--max_test_images=12"],
+    "draw_localization": ["--num_images=1", "--max_captions=1"],
+}
+# The sequences run here: a command runs when it is the first of these in its section.
+SEQUENCES = {
+    "tf_twobranch": ("retrieval_table",),
+    "Phrase localization (Table 1, Table 5, Fig. 2)": ("phrase_localization --flagfile", "draw_localization"),
+    "Dual-path CNN with instance loss": ("zheng_table2_full_model", "load_run('runs/zheng"),
+    "In a notebook": ("load_run runs/",),
+    "Serving": ("saved_model_cli",),
+}
+
+
+def _tiny_command(command: str) -> list[str]:
+    if command.startswith("load_run "):
+        folder = command.split(" ", 1)[1]
+        return [sys.executable, "-c", "from tf_twobranch.runs import load_run; "
+                f"r = load_run({folder!r}); print(r.model.evaluate(r.evaluation_split()))"]
+    argv = shlex.split(command.split("&&")[-1])
+    if argv[0] == "python":
+        argv[0] = sys.executable
+    if argv[0] == "saved_model_cli":
+        return [sys.executable, "-c", "import sys, tensorflow as tf; tf.saved_model.load(sys.argv[1])",
+                argv[argv.index("--dir") + 1]]
+    module = _module(command)
+    if module in TINY:
+        argv += TINY[module] + ([] if module == "draw_localization" else ["--smoke"])
+    return argv
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("TF_TWOBRANCH_README_SEQUENCES"),
+                    reason="heavy (trains the main job, a Table 1 row and a dual-path row at tiny size, "
+                           "~5 min on 2 cores): set TF_TWOBRANCH_README_SEQUENCES=1 to run it")
+def test_readme_sequences_run_at_tiny_size(tmp_path):
+    from tf_twobranch.data.embedded import generate_embedded_dataset
+    data = generate_embedded_dataset(tmp_path / "scenes", num_images=120, splits=(60, 20, 40),
+                                     num_proposals=20)
+    (tmp_path / "experiments").symlink_to(REPO / "experiments")   # the README's relative paths
+    env = {**os.environ, "TF_TWOBRANCH_DATA": str(data), "TF_TWOBRANCH_RUNS": str(tmp_path / "runs"),
+           "PYTHONPATH": str(REPO)}
+    ran = []
+    for section, command in readme_commands():
+        wanted = SEQUENCES.get(section, ())
+        if _flag(command, "dataset_dir") or not any(w in command for w in wanted):
+            continue
+        for folder in folders_named(command):
+            assert (tmp_path / folder).exists(), f"{section}: {command!r} names {folder}, not made above it"
+        proc = subprocess.run(_tiny_command(command), cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
+        if _module(command) in ("retrieval_table", "phrase_localization", "instance_loss"):
+            assert "Next:" in proc.stdout, proc.stdout[-2000:]
+        ran.append(command)
+    assert len(ran) >= 6, ran

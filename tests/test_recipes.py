@@ -1,0 +1,140 @@
+"""Issue 24 (items 2-4): recipes equal their experiments' flags; --smoke; the one table runner and
+run-folder rule; the one dataset-from-flags helper. Fast (no training)."""
+import json
+import pathlib
+
+import pytest
+from absl import flags
+
+from experiments import common
+from experiments import image_sentence_retrieval as isr
+from experiments import instance_loss
+from experiments import phrase_localization as pl
+from tf_twobranch import recipes, table_runner
+from tf_twobranch.data.from_flags import cut_splits, dataset_folder, split_limit
+from tf_twobranch.errors import UserInputError
+from tf_twobranch.pipelines.dual_path import DualPathRecipe
+from tf_twobranch.pipelines.two_branch_localization import LocalizationRecipe
+from tf_twobranch.pipelines.two_branch_retrieval import RetrievalRecipe
+
+EXPERIMENTS = [(isr, RetrievalRecipe, "two_branch_retrieval"),
+               (pl, LocalizationRecipe, "two_branch_localization"),
+               (instance_loss, DualPathRecipe, "dual_path")]
+
+
+@pytest.mark.parametrize("module,cls,family", EXPERIMENTS, ids=[m.__name__ for m, _, _ in EXPERIMENTS])
+def test_every_recipe_field_is_a_flag_of_its_experiment_and_back(module, cls, family):
+    fv = flags.FlagValues()
+    module.define_flags(fv)
+    assert cls.flag_names() == set(fv), (cls.flag_names() ^ set(fv))
+    fv(["x"])
+    recipe = recipes.from_flags(cls, fv)
+    # The recipe's defaults are the flags' defaults: a notebook recipe equals the flags' one.
+    assert recipe == cls()
+    assert recipes.as_record(recipe)["type"] == cls.__name__
+    # Every family's --smoke caps name fields of its recipe.
+    assert set(recipes.smoke_overrides(family)) <= cls.flag_names()
+
+
+def test_smoke_caps_only_shorten_and_zero_means_all_gets_the_cap():
+    r = LocalizationRecipe(smoke=True, epochs=8, constraint_epochs=2, hard_negative_epochs=0,
+                           max_train_images=0, max_test_images=10, max_proposals=200)
+    capped, changed = recipes.apply_smoke(r, "two_branch_localization")
+    assert (capped.epochs, capped.constraint_epochs, capped.hard_negative_epochs) == (1, 1, 0)
+    assert (capped.max_train_images, capped.max_test_images, capped.max_proposals) == (40, 10, 20)
+    assert "hard_negative_epochs" not in changed and "max_test_images" not in changed
+    assert recipes.apply_smoke(r.replace(smoke=False), "two_branch_localization") == (r.replace(smoke=False), {})
+    d = recipes.apply_smoke(DualPathRecipe(smoke=True), "dual_path")[0]
+    assert (d.stage1_epochs, d.stage2_epochs, d.max_train_images) == (1, 1, 32)
+    with pytest.raises(KeyError):
+        recipes.smoke_overrides("no_such_family")
+
+
+def test_the_embedded_profile_fills_only_untyped_fields_and_not_on_a_dataset_folder():
+    r, applied = recipes.apply_profile(RetrievalRecipe(epochs=3), {"epochs": 3}, {"epochs": 10, "top_k": 50})
+    assert (r.epochs, r.top_k, applied) == (3, 50, {"top_k": 50})
+    r, applied = recipes.apply_profile(RetrievalRecipe(dataset_dir="/d"), {}, {"top_k": 50})
+    assert r.top_k == 10 and applied == {}
+
+
+def test_one_run_folder_rule_for_single_runs_and_tables(tmp_path):
+    cfg = common.CONFIG_DIR / "table2_b6_nonlinear_bidir_nbr_constraints.cfg"
+    assert table_runner.run_folder(None, cfg) == common.REPO_ROOT / "runs" / cfg.stem
+    assert table_runner.run_folder(tmp_path, str(cfg)) == tmp_path / cfg.stem
+    assert table_runner.run_folder(tmp_path, None, "Embedding: linear") == tmp_path / "embedding_linear"
+    argv = ["x", "--epochs=1", f"--flagfile={cfg}", "--smoke"]
+    assert table_runner.flagfile_of(argv) == str(cfg)
+    assert table_runner.flagfile_of(["x", "--flagfile", "a.cfg"]) == "a.cfg"
+    assert table_runner.flagfile_of(["x"]) is None
+
+
+def test_row_arguments_leave_out_the_runners_own_flags():
+    argv = ["--rows=all", "--epochs=2", "--noresume", "--smoke", "--runs_dir=/r", "--nolinear"]
+    assert table_runner.row_arguments(argv, ["rows", "resume", "runs_dir"]) == ["--epochs=2", "--smoke",
+                                                                                "--nolinear"]
+
+
+def test_select_rows():
+    every = table_runner.select_rows(["all"], pattern="table1_*.cfg")
+    assert every and all(p.name.startswith("table1_") for p in every)
+    assert table_runner.select_rows(["table1_a_cca"], pattern="x") == [common.CONFIG_DIR / "table1_a_cca.cfg"]
+    with pytest.raises(UserInputError, match="not found"):
+        table_runner.select_rows(["no_such_row"], pattern="x")
+
+
+def test_an_interrupted_table_resumes_with_the_finished_rows_reused(tmp_path):
+    configs = [common.CONFIG_DIR / "table1_a_cca.cfg", common.CONFIG_DIR / "table1_b1_linear_single_pos_single_dir.cfg"]
+    calls = []
+
+    def run_row(cfg, arguments):
+        calls.append((cfg.stem, arguments))
+        run_dir = pathlib.Path(arguments[-1].split("=", 1)[1])
+        if cfg.stem.startswith("table1_b1") and len(calls) == 2:
+            raise KeyboardInterrupt   # the table is interrupted in its second row
+        record = {"row": cfg.stem, "run_dir": str(run_dir)}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "results.json").write_text(json.dumps(record))
+        return record
+
+    kw = dict(overrides=["--epochs=1", "--run_dir=/ignored", "--out_json=/table.json"], runs_dir=tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        table_runner.run_table(configs, run_row, **kw)
+    assert calls[0][1] == ["--epochs=1", f"--run_dir={tmp_path / configs[0].stem}"]
+    records = table_runner.run_table(configs, run_row, **kw)
+    assert [c[0] for c in calls] == [configs[0].stem, configs[1].stem, configs[1].stem]   # row 1 reused
+    assert [r["row"] for r in records] == [c.stem for c in configs]
+    # Other arguments: the row runs again; --noresume: every row runs again.
+    table_runner.run_table(configs[:1], run_row, overrides=["--epochs=2"], runs_dir=tmp_path)
+    table_runner.run_table(configs[:1], run_row, overrides=["--epochs=2"], runs_dir=tmp_path, resume=False)
+    assert len(calls) == 5
+
+
+def test_dataset_from_flags_checks_the_folder_and_cuts_splits(tmp_path):
+    missing = tmp_path / "no_such"
+    with pytest.raises(UserInputError, match=f"--dataset_dir={missing}: dataset folder does not exist"):
+        dataset_folder(str(missing))
+    a_file = tmp_path / "f.json"
+    a_file.write_text("{}")
+    with pytest.raises(UserInputError, match="--data_dir=.*is not a folder"):
+        dataset_folder(a_file, flag="--data_dir")
+    assert dataset_folder(a_file, allow_file=True) == a_file
+    assert dataset_folder(tmp_path) == tmp_path
+    assert split_limit("train", 5, 3) == 5 and split_limit("val", 5, 3) == 3 and split_limit("test") is None
+
+    class Corpus:
+        def __init__(self, ids):
+            self.image_ids, self.source = ids, "s"
+
+        def subset(self, ids, source):
+            return Corpus(list(ids))
+
+    cut = cut_splits({"train": Corpus(list("abcdef")), "test": Corpus(list("xyz"))}, ("train", "test"),
+                     max_train_images=2)
+    assert cut["train"].image_ids == ["a", "b"] and cut["test"].image_ids == list("xyz")
+
+
+def test_experiment_modules_are_thin():
+    for name in ("common", "retrieval_table", "image_sentence_retrieval", "phrase_localization",
+                 "instance_loss", "combined_retrieval", "sentence_retrieval_baselines", "draw_localization"):
+        lines = len((common.REPO_ROOT / "experiments" / f"{name}.py").read_text().splitlines())
+        assert lines < 300, (name, lines)

@@ -1,0 +1,200 @@
+"""Typed row recipes: what one table row runs, as a dataclass instead of absl `FlagValues`.
+
+Each experiment turns its flags into its recipe once, in its entry point
+(`from_flags(RecipeClass, FlagValues)`); the library pipelines
+(`tf_twobranch.pipelines.*`) take the recipe, never `FlagValues`. A recipe's
+fields are exactly its experiment's flag names (`tests/test_recipes.py`), so a
+recipe is also what a notebook user writes instead of a flagfile::
+
+    from tf_twobranch.pipelines import two_branch_retrieval as pipeline
+    record = pipeline.run(pipeline.RetrievalRecipe(row_name="mine", epochs=2))
+
+`results.json` stores the recipe (`"recipe"`, see `as_record`).
+
+`--smoke` (every experiment) caps each family's training length and data so
+that any row runs in seconds: `smoke_overrides(family)` gives the caps,
+`apply_smoke(recipe, family)` applies them (a cap only ever shortens: a stage
+switched off stays off).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, TypeVar
+
+from tf_twobranch.errors import ConfigError, UserInputError
+
+R = TypeVar("R", bound="Recipe")
+
+
+@dataclasses.dataclass
+class Recipe:
+    """Base of every row recipe (fields: the experiment's flag names)."""
+
+    @classmethod
+    def flag_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The fields in declaration order (the order the experiment defines its flags)."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls: type[R], values: dict, *, strict: bool = True) -> R:
+        """The recipe of `values`; a name that is not a field is an error (`strict`) or skipped.
+        A list given for a field whose default is a tuple becomes a tuple (JSON has no tuples)."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields) - {"type"})
+        if unknown and strict:
+            raise ConfigError(f"unknown {cls.__name__} fields: {unknown}")
+        return cls(**{k: tuple(v) if isinstance(v, list) and isinstance(fields[k].default, tuple) else v
+                      for k, v in values.items() if k in fields})
+
+    @classmethod
+    def from_flags(cls: type[R], fv) -> R:
+        """The recipe of parsed flags (an absl FlagValues, or anything indexable by flag name)."""
+        return cls.from_dict({name: fv[name].value for name in cls.field_names()})
+
+    @classmethod
+    def from_record(cls: type[R], record: dict, where: str = "the run record") -> R:
+        """The recipe of a results.json or run_config.json record.
+
+        ``record["recipe"]``; in records written before recipes, the effective
+        flag values ``record["flags"]`` (names that are no field are skipped,
+        fields they lack keep their defaults).
+        """
+        if isinstance(record.get("recipe"), dict):
+            return cls.from_dict(record["recipe"])
+        if isinstance(record.get("flags"), dict):
+            return cls.from_dict(record["flags"], strict=False)
+        raise UserInputError(f"{where}: no 'recipe' (or 'flags') entry to rebuild the run's data from")
+
+    def replace(self: R, **changes) -> R:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass
+class RunRecipe(Recipe):
+    """The flags every training experiment shares (`experiments.common.define_run_flags`)."""
+    strategy: str = "default"
+    precision: str = "float32"
+    jit_compile: bool = False
+    run_eagerly: bool = False
+    seed: int = 0
+    backup_every_steps: int = 0
+    deterministic: bool = False
+    export: bool = True
+    verbose: int = 1
+    run_dir: str = ""
+    row_name: str = ""
+    paper_results: str = ""
+    paper_protocol: str = ""
+    out_json: str = ""
+    smoke: bool = False
+
+
+def from_flags(cls: type[R], fv) -> R:
+    """The recipe of parsed flags (`fv`: absl FlagValues, or any mapping-like with `fv[name].value`).
+
+    Every field must be a flag of `fv`; list flags become lists (copied).
+    """
+    missing = sorted(n for n in cls.flag_names() if n not in fv)
+    if missing:
+        raise ValueError(f"{cls.__name__}: no flag for the fields {missing}")
+    values = {}
+    for name in cls.flag_names():
+        value = fv[name].value
+        values[name] = list(value) if isinstance(value, (list, tuple)) else value
+    return cls(**values)
+
+
+def typed_flags(fv) -> dict:
+    """The flags the user set (command line or flagfile), before any default profile."""
+    return {name: fv[name].value for name in fv if fv[name].present}
+
+
+def as_record(recipe: Recipe) -> dict:
+    """The recipe as results.json stores it: its type and its values."""
+    return {"type": type(recipe).__name__, **recipe.to_dict()}
+
+
+def apply_profile(recipe: R, typed: Mapping[str, Any], profile: Mapping[str, Any]) -> tuple[R, dict]:
+    """A profile's values for the fields the user did not set, when no dataset folder is given.
+
+    Returns (the recipe, what was applied). The embedded digit scenes are much
+    smaller than the papers' datasets; each experiment declares the defaults
+    that suit them.
+    """
+    if getattr(recipe, "dataset_dir", ""):
+        return recipe, {}
+    applied = {k: v for k, v in profile.items() if k not in typed}
+    return dataclasses.replace(recipe, **applied), applied
+
+
+# --------------------------------------------------------------------------- --smoke
+
+# Caps per family: a row with --smoke trains at most this long on at most this much data.
+# Fields whose 0 means "all" (max_*_images, max_proposals) get the cap when 0.
+SMOKE = {
+    # Two-branch image-sentence retrieval (image_sentence_retrieval, retrieval_table): one epoch
+    # (the features are those of the full dataset, computed once and cached).
+    "two_branch_retrieval": {"epochs": 1},
+    # Two-branch phrase localization: one epoch per stage, a slice of images and proposals.
+    "two_branch_localization": {"epochs": 1, "constraint_epochs": 1, "hard_negative_epochs": 1,
+                                "max_train_images": 40, "max_test_images": 20, "max_proposals": 20},
+    # Dual-path CNN (instance_loss): one epoch per stage on 32 training images (= classes).
+    "dual_path": {"stage1_epochs": 1, "stage2_epochs": 1, "max_train_images": 32,
+                  "max_test_images": 50},
+    # Deep fragment embeddings (fragment_embeddings): one epoch of two steps.
+    "fragment_embedding": {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40,
+                           "max_test_images": 20},
+    # N-pair localization (npair_localization): one epoch of two steps.
+    "npair_localization": {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40,
+                           "max_test_images": 20},
+    # Text-only sentence retrieval baselines (sentence_retrieval_baselines): small encoders.
+    "sentence_baselines": {"num_components": 4, "max_fit_words": 2000, "word_vector_dim": 32},
+}
+_ZERO_MEANS_ALL = ("max_train_images", "max_test_images", "max_proposals", "steps_per_epoch")
+
+SMOKE_HELP = ("Run the row in seconds (a check that it runs, not a result): caps its training "
+              "length and data per family — two-branch retrieval: --epochs=1; phrase "
+              "localization: --epochs, --constraint_epochs, --hard_negative_epochs at most 1, "
+              "40/20 images, 20 proposals; dual path: --stage1_epochs=--stage2_epochs=1, 32 "
+              "training images; fragment and N-pair: --epochs=1 --steps_per_epoch=2, 40/20 "
+              "images; sentence baselines: 4 mixture components, 2000 words, 32-d vectors "
+              "(tf_twobranch.recipes.SMOKE).")
+
+
+def define_smoke_flag(fv) -> None:
+    """--smoke, the one flag of every experiment that runs any row in seconds (`SMOKE_HELP`);
+    `experiments.common.define_smoke_flag` is this (kept here so tools that import no
+    TensorFlow at start-up can define it too)."""
+    from absl import flags
+    flags.DEFINE_bool("smoke", False, SMOKE_HELP, flag_values=fv)
+
+
+def smoke_overrides(family: str) -> dict:
+    """The caps --smoke puts on a family's fields (see SMOKE)."""
+    if family not in SMOKE:
+        raise KeyError(f"no --smoke caps for family {family!r} (known: {sorted(SMOKE)})")
+    return dict(SMOKE[family])
+
+
+def capped(name: str, value, cap):
+    """`value` shortened to `cap` (never lengthened; 0 stays 0 except where 0 means "all")."""
+    if name in _ZERO_MEANS_ALL:
+        return cap if not value or value > cap else value
+    return min(value, cap)
+
+
+def apply_smoke(recipe: R, family: str) -> tuple[R, dict]:
+    """The recipe with the family's --smoke caps applied when `recipe.smoke` (else unchanged)."""
+    if not getattr(recipe, "smoke", False):
+        return recipe, {}
+    changes = {name: capped(name, getattr(recipe, name), cap)
+               for name, cap in smoke_overrides(family).items() if hasattr(recipe, name)}
+    changes = {k: v for k, v in changes.items() if v != getattr(recipe, k)}
+    return dataclasses.replace(recipe, **changes), changes
