@@ -175,6 +175,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_enum("table", "all", ["2", "3", "all"], "Rows of Table 2 (Flickr8K), Table 3 "
                       "(Flickr30K) or both (--rows=all).", **d)
     flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (--rows; default runs/).", **d)
+    common.define_smoke_flag(fv)
 
 
 def recipe_from_flags(f) -> tuple[FragmentRecipe, dict]:
@@ -183,7 +184,10 @@ def recipe_from_flags(f) -> tuple[FragmentRecipe, dict]:
     applied = common.apply_embedded_profile(f, EMBEDDED_PROFILE)
     if applied:
         logging.info("embedded dataset: using its profile defaults %s", applied)
-    return FragmentRecipe.from_dict({name: f[name].value for name in FragmentRecipe.field_names()}), typed
+    recipe, smoke = common.apply_smoke(FragmentRecipe.from_flags(f), "fragment_embedding")
+    if smoke:
+        logging.info("--smoke: %s", smoke)
+    return recipe, typed
 
 
 def run(f) -> dict:

@@ -10,8 +10,7 @@ row then reports retrieval through the one evaluation core (Table 1: folds
 of 100 images, `--protocol`) and the pointing game on the Flickr30K
 Entities phrases of the evaluation split (Table 2), in word and phrase parse
 modes. Baseline rows (`--row_kind`) point at a random pixel, at the image
-centre, at the maximum of the backbone map's channel mean, or use the
-untrained model.
+centre, at the maximum of the backbone map's channel mean, or use the untrained model.
 
 Defaults where the paper is silent are the authors' code's (LocNet): SGD
 lr 1e-3 × 0.1 every 10 epochs of 100 steps, momentum 0.9, weight decay
@@ -22,16 +21,13 @@ maximum over rows only (``--aggregator=max_rows_code``), the L2 norms
 computed but not applied (``--normalisation=none``), the swapped x/y of its
 hit test, I_r1 = C_r1.
 
-Memory is bounded by a batch or a chunk, not by the dataset: backbone maps
-(and, with --train_backbone, training images) are memory-mapped row arrays,
-and the evaluation writes the split's maps and token vectors chunk by chunk
-(`NPairLocalizationModel.evaluation_results`). With no --dataset_dir the
-embedded digit scenes are used with the small profile below.
+Memory is bounded by a batch or a chunk: backbone maps (and training images
+with --train_backbone) are memory-mapped, the evaluation goes chunk by chunk.
+With no --dataset_dir the embedded digit scenes are used (profile below).
 
-The flags become one typed recipe (`tf_twobranch.pipelines.npair_localization`:
-`NPairRecipe`, data, model configuration, evaluation split) in the entry point;
-results.json stores it, and ``tf_twobranch.runs.load_run(run_dir)`` loads the
-row again without flags. Tables and the ``--rows`` runner: `experiments.npair_tables`.
+The flags become one typed recipe (`NPairRecipe` of `tf_twobranch.pipelines.npair_localization`),
+stored in results.json; ``tf_twobranch.runs.load_run(run_dir)`` loads the row again
+without flags. Tables and the ``--rows`` runner: `experiments.npair_tables`.
 """
 from __future__ import annotations
 
@@ -152,6 +148,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_list("rows", [], "Run these row flagfiles (names in experiments/configs or paths; 'all': "
                       "every das_*.cfg) and print Tables 2 and 1.", **d)
     flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (--rows; default runs/).", **d)
+    common.define_smoke_flag(fv)
 
 
 def recipe_from_flags(fv: flags.FlagValues) -> tuple[NPairRecipe, dict]:
@@ -161,7 +158,10 @@ def recipe_from_flags(fv: flags.FlagValues) -> tuple[NPairRecipe, dict]:
     applied = common.apply_embedded_profile(fv, EMBEDDED_PROFILE)
     if applied:
         logging.info("embedded dataset: using its profile defaults %s", applied)
-    return NPairRecipe.from_flags(fv), typed
+    recipe, smoke = common.apply_smoke(NPairRecipe.from_flags(fv), "npair_localization")
+    if smoke:
+        logging.info("--smoke: %s", smoke)
+    return recipe, typed
 
 
 def _train(recipe: NPairRecipe, typed: dict, data: npair.NPairData, model, config, strategy,

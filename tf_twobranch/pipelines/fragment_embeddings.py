@@ -128,6 +128,7 @@ class FragmentRecipe(Recipe):
     rows: list = dataclasses.field(default_factory=list)
     table: str = "all"
     runs_dir: str = ""
+    smoke: bool = False            # --smoke: tf_twobranch.recipes.SMOKE caps
 
 
 class FragmentData(NamedTuple):
