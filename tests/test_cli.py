@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.records import assert_comparable_record
 from experiments import common
 
 EXPERIMENTS = ["image_sentence_retrieval", "retrieval_table", "phrase_localization",
@@ -46,3 +47,4 @@ def test_sentence_baselines_write_results_into_a_new_folder(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=common.REPO_ROOT)
     assert done.returncode == 0, done.stderr[-1500:]
     assert "tfidf" in json.loads(out.read_text())["results"]
+    assert_comparable_record(json.loads(out.read_text()))

@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 
+from tests.records import assert_comparable_record
 from experiments import common
 from experiments import fragment_embeddings as fe
 from tf_twobranch.data.embedded import generate_embedded_dataset
@@ -62,6 +63,7 @@ def test_mil_row_trains_two_stages_evaluates_and_reloads(mil_run):
     assert record["num_eval_images"] == 15 and record["num_eval_captions"] == 75
     assert record["fragments"]["relation_types_after_filter"] >= 5
     written = json.loads((run_dir / "results.json").read_text())
+    assert_comparable_record(written)
     assert written["metrics"] == record["metrics"]
     # The reloaded row scores exactly what the run reported.
     run = load_run(run_dir)

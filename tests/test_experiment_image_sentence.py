@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from tests.records import assert_comparable_record
 from experiments import common
 from experiments import image_sentence_retrieval as isr
 from tests.baselines import random_retrieval_rsum
@@ -51,6 +52,7 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     assert m["rsum"] > chance
     assert record["random_baseline"]["rsum"] < m["rsum"]
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert_comparable_record(saved)
     assert saved["metrics"] == m
     if cfg != "table2_a1_cca_fv_hglmm":
         assert (tmp_path / "run" / "export" / "saved_model.pb").exists()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from absl import flags
 
+from tests.records import assert_comparable_record
 from experiments import common
 from experiments import instance_loss as exp
 from tf_twobranch.pipelines import dual_path as pipeline
@@ -127,6 +128,7 @@ def test_tiny_two_stage_run_evaluates_plots_and_exports(tmp_path):
     for stage in record["stages"]:
         assert (pathlib.Path(stage["run_dir"]) / "similarity_histogram.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "results.json").read_text())
+    assert_comparable_record(saved)
     assert saved["stages"][1]["lambdas"] == [1.0, 1.0, 1.0]
     assert "Stage 2" in exp.format_record(record)
 

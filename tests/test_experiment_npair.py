@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from absl import flags
 
+from tests.records import assert_comparable_record
 from experiments import common
 from experiments import npair_localization as exp
 from tf_twobranch.data.embedded import generate_embedded_dataset
@@ -57,6 +58,7 @@ def test_runner_prints_table2_and_table1_and_shares_one_model(tiny_tables):
     assert not (runs / "das_table1_flickr30k" / "checkpoints").exists()
     word = json.loads((runs / "das_table2_npair_word" / "results.json").read_text())
     phrase = json.loads((runs / "das_table2_npair_phrase" / "results.json").read_text())
+    assert_comparable_record(word), assert_comparable_record(phrase)
     assert len(word["history"]["loss"]) == 2 and len(phrase["history"]["loss"]) == 2
     assert phrase["recipe"]["train_parse_mode"] == "phrase" and word["recipe"]["train_parse_mode"] == "word"
     assert set(word["pointing"]) == {"word", "phrase"}

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from tests.records import assert_comparable_record
 from experiments import combined_retrieval as cr
 from experiments import common
 from experiments import phrase_localization as pl
@@ -63,6 +64,7 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     _beats_random_scores(record)
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["metrics"]["r1"] == record["metrics"]["r1"]
+    assert_comparable_record(saved)
     assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
     if "b6" in cfg:  # the second stage switched the constraint terms on
         assert [s["name"] for s in record["stages"]] == ["main", "neighbourhood_constraints"]
@@ -126,6 +128,7 @@ def test_combined_model_end_to_end(tiny_dataset, tmp_path):
                                [f"--image_sentence_run={tmp_path / 'is'}", f"--region_phrase_run={tmp_path / 'rp'}",
                                 f"--run_dir={tmp_path / 'combined'}", "--chunk_size=40"])
     record = cr.run(fv)
+    assert_comparable_record(record)
     for name in ("image_sentence", "weighted_distance"):
         for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"):
             assert 0.0 <= record[name][key] <= 100.0
