@@ -213,4 +213,7 @@ def test_every_experiment_records_its_task():
     from tf_twobranch.run_folders import TASKS
     for task in TASKS.values():
         source = (REPO_ROOT / (task.experiment.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+        # An experiment whose row runs in a library pipeline records the task there.
+        for name in re.findall(r"from tf_twobranch\.pipelines import (\w+)", source):
+            source += (REPO_ROOT / "tf_twobranch" / "pipelines" / f"{name}.py").read_text(encoding="utf-8")
         assert f'"task": "{task.name}"' in source, task.experiment
