@@ -61,9 +61,9 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     assert board["split"]["num_test_images"] == 15
     # Grounding: pointing for the N-pair heat maps, box R@1 for the two-branch region runs.
     assert rows["npair"]["cells"]["pointing"] is not None and rows["npair"]["cells"]["box_r1"] is None
-    for key in ("cca", "embedding"):
+    for key in ("cca", "embedding", "similarity"):
         assert rows[key]["cells"]["box_r1"] is not None
-    for key in ("random", "dual_path", "fragments", "similarity"):
+    for key in ("random", "dual_path", "fragments"):
         assert rows[key]["grounding_unavailable"]
     assert rows["embedding"]["cells"]["params"]["mean"] > 0 and rows["embedding"]["cells"]["train_s"]["mean"] > 0
     assert rows["cca"]["cells"]["params"]["mean"] > 0
