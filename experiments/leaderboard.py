@@ -1,0 +1,157 @@
+r"""The leaderboard: every system of the four families on one dataset, one test split, one protocol.
+
+    python -m experiments.leaderboard                      # embedded data, seeds 0, 1, 2
+    python -m experiments.leaderboard --seeds=1            # one seed
+    python -m experiments.leaderboard --dataset_dir=/data/flickr30k --seeds=1 \
+        --row_flag='*:--word_vectors=/weights/glove.txt'
+
+Trains (or, with --skip_existing, the default, reuses finished runs of) random
+ranking, CCA, the two-branch embedding network (full model) and similarity
+network, the dual-path CNN (Stage II), deep fragment embeddings († + MIL) and
+N-pair localization through their experiments' own entry (`define_flags`,
+`run`) on their paper flagfiles, every retrieval run under protocol "full" on
+the dataset's test split; grounding comes from the N-pair run (pointing game)
+and the two-branch region–phrase runs of experiments.phrase_localization
+(R@1 at IoU 0.5). Prints one table (mean ± std over seeds) and writes
+leaderboard.{json,csv,png,txt} in --out_dir. Rows measured on another split
+or protocol are listed apart, never in the table; rows a folder cannot serve
+are listed with the reason. The table logic lives in tf_twobranch/leaderboard.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import pathlib
+import time
+
+from absl import app, flags, logging
+
+from experiments import common
+from tf_twobranch import leaderboard as lb
+from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.errors import UserInputError
+
+FLAGS = flags.FLAGS
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    d = dict(flag_values=fv)
+    flags.DEFINE_string("dataset_dir", "", "Dataset folder every system reads; empty: the embedded data.", **d)
+    flags.DEFINE_integer("seeds", 3, "Seeds per system (0 .. N-1); every cell is mean ± std over them.",
+                         lower_bound=1, **d)
+    flags.DEFINE_list("systems", list(lb.SYSTEM_KEYS), f"Systems to run, of {', '.join(lb.SYSTEM_KEYS)}.", **d)
+    flags.DEFINE_bool("grounding", True, "Also run the two-branch region–phrase grounding runs.", **d)
+    flags.DEFINE_bool("skip_existing", True, "Reuse a finished run made with the same flags instead of "
+                      "training it again (--noskip_existing retrains).", **d)
+    flags.DEFINE_bool("reduced_epochs", True, "On the embedded data, the shortened schedules of "
+                      "tf_twobranch/leaderboard.py (stated under the table).", **d)
+    flags.DEFINE_multi_string("row_flag", [], "TARGET:--flag=value added to runs: TARGET is a system key, "
+                              "an experiment name (e.g. instance_loss) or '*' (every run whose experiment "
+                              "has the flag). Repeatable.", **d)
+    flags.DEFINE_string("runs_dir", "", "Parent of the run folders (default runs/leaderboard).", **d)
+    flags.DEFINE_string("out_dir", "", "Where the leaderboard files go (default <runs_dir>/<dataset>).", **d)
+
+
+def dataset_tag(dataset_dir: str) -> str:
+    """The run-folder name of a dataset: 'embedded', or the folder's name and a hash of its path."""
+    if not dataset_dir:
+        return "embedded"
+    path = str(pathlib.Path(dataset_dir).resolve())
+    return f"{common.slug(pathlib.Path(path).name)}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+
+
+def _row_flags(values, system_key: str, experiment: str, defined) -> list[str]:
+    out = []
+    for value in values:
+        target, sep, flag = value.partition(":")
+        if not sep or not flag.startswith("--"):
+            raise UserInputError(f"--row_flag={value!r}: expected TARGET:--flag=value")
+        if target not in ("*", experiment, *lb.SYSTEM_KEYS, *(r.experiment for s in lb.SYSTEMS for r in
+                                                            (s.retrieval, s.grounding) if r)):
+            raise UserInputError(f"--row_flag={value!r}: unknown target {target!r} (a system key, an "
+                                 "experiment name or '*')")
+        name = flag[2:].split("=", 1)[0]
+        if target in (system_key, experiment) or (target == "*" and (name in defined or
+                                                                    name.removeprefix("no") in defined)):
+            out.append(flag)
+    return out
+
+
+def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f) -> dict:
+    """One run of a system: reused when finished with the same flags, else trained; a dataset
+    the run cannot use gives {"error": reason}."""
+    module = importlib.import_module(f"experiments.{run.experiment}")
+    defined = flags.FlagValues()
+    module.define_flags(defined)
+    extra = ["--verbose=0", *_row_flags(f.row_flag, system.key, run.experiment, defined)]
+    arguments = lb.run_arguments(run, embedded=not f.dataset_dir and f.reduced_epochs,
+                                 dataset_dir=f.dataset_dir, seed=seed, run_dir=run_dir, extra=extra)
+    if f.skip_existing:
+        finished = lb.finished_run(run_dir, arguments)
+        if finished:
+            print(f"  {run.flagfile} (seed {seed}): reused {run_dir}", flush=True)
+            return finished
+    print(f"  {run.flagfile} (seed {seed}): training -> {run_dir}", flush=True)
+    try:
+        fv = common.parse_flagfile(module.define_flags, str(common.resolve_config(run.flagfile)), arguments)
+        with lb.measure_row() as cost:
+            record = module.run(fv)
+    except UserInputError as err:
+        logging.warning("%s: %s", run.flagfile, err)
+        print(f"    not available: {err}", flush=True)
+        return {"error": str(err)}
+    lb.mark_finished(run_dir, arguments, cost)
+    return {"record": record, "cost": cost.as_dict(), "reused": False}
+
+
+def run_leaderboard(f) -> dict:
+    """Runs (or reuses) every selected system for every seed; returns the leaderboard and its files."""
+    unknown = sorted(set(f.systems) - set(lb.SYSTEM_KEYS))
+    if unknown:
+        raise UserInputError(f"--systems: unknown {unknown}; choose from {', '.join(lb.SYSTEM_KEYS)}")
+    if f.dataset_dir and not pathlib.Path(f.dataset_dir).is_dir():
+        raise UserInputError(f"--dataset_dir={f.dataset_dir}: dataset folder does not exist")
+    start = time.time()
+    runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs" / "leaderboard"
+    base = runs_dir / dataset_tag(f.dataset_dir)
+    seeds = list(range(f.seeds))
+    system_runs: dict[str, list[dict]] = {}
+    for system in lb.SYSTEMS:
+        if system.key not in f.systems:
+            continue
+        print(f"=== {system.name}", flush=True)
+        for seed in seeds:
+            folder = base / f"seed{seed}" / system.key
+            entry = {"retrieval": run_one(system, system.retrieval, seed, folder / "retrieval", f)}
+            if system.grounding and f.grounding:
+                entry["grounding"] = run_one(system, system.grounding, seed, folder / "grounding", f)
+            system_runs.setdefault(system.key, []).append(entry)
+    board = lb.assemble(system_runs)
+    dataset = f.dataset_dir or "the embedded data"
+    footer = [f"runs: {base}; wall time of this invocation {time.time() - start:.0f} s "
+              f"({sum(r['reused'] for r in board['rows'])} of {len(board['rows'])} systems reused)"]
+    if not f.dataset_dir and f.reduced_epochs:
+        footer.insert(0, lb.reduced_epochs_note() + "; every other run: its experiment's embedded profile")
+    table = lb.format_table(board, dataset=dataset, seeds=seeds, footer=footer)
+    meta = {"dataset": dataset, "seeds": seeds, "seconds": time.time() - start,
+            "systems": [s.key for s in lb.SYSTEMS if s.key in f.systems],
+            "typed_flags": common.typed_flags(f)}
+    out_dir = pathlib.Path(f.out_dir) if f.out_dir else base
+    files = lb.write_outputs(out_dir, board, table, meta)
+    return {"board": board, "table": table, "files": files}
+
+
+def _main() -> None:
+    result = run_leaderboard(FLAGS)
+    print()
+    print(result["table"])
+    for kind, path in result["files"].items():
+        print(f"{kind}: {path}")
+
+
+main = absl_main(_main)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main, flags_parser=parse_flags)

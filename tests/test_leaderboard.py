@@ -1,0 +1,144 @@
+"""experiments.leaderboard at tiny size: every system, one split, chance, files, reuse."""
+import json
+
+import numpy as np
+import pytest
+from absl import flags
+
+from experiments import leaderboard as exp
+from tf_twobranch import leaderboard as lb
+from tf_twobranch.data.embedded import generate_embedded_dataset
+from tf_twobranch.errors import UserInputError
+from tf_twobranch.evaluation import retrieval
+
+# Tiny sizes per experiment (the generated folder is a --dataset_dir: no embedded profile applies).
+ROW_FLAGS = [
+    "*:--scene_cnn_epochs=1", "*:--word_dim=8",
+    *(f"image_sentence_retrieval:{a}" for a in ("--hidden_dim=32", "--embed_dim=16", "--batch_size=20",
+                                                 "--epochs=2", "--top_k=3", "--cca_components=16")),
+    *(f"instance_loss:{a}" for a in ("--max_train_images=32", "--stage1_epochs=1", "--stage2_epochs=1",
+                                      "--text_width=2", "--text_blocks=1,1,1,1", "--hidden_dim=16",
+                                      "--embed_dim=16", "--batch_size=16", "--run_eagerly", "--word_init=random",
+                                      "--image_size=32", "--resize_to=36")),
+    *(f"fragment_embeddings:{a}" for a in ("--embed_dim=16", "--epochs=2", "--batch_size=20")),
+    *(f"npair_localization:{a}" for a in ("--embed_dim=8", "--epochs=2", "--steps_per_epoch=4",
+                                           "--batch_size=16", "--run_eagerly")),
+    *(f"phrase_localization:{a}" for a in ("--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=2",
+                                           "--constraint_epochs=1", "--top_k=3", "--cca_components=16",
+                                           "--negatives_per_phrase=5")),
+]
+
+
+def _flags(*argv):
+    fv = flags.FlagValues()
+    exp.define_flags(fv)
+    fv(["prog", *argv])
+    return fv
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    # 60 images: the proposal generator stays in-process.
+    dataset = generate_embedded_dataset(tmp_path_factory.mktemp("data") / "scenes", num_images=60,
+                                        splits=(40, 5, 15), num_proposals=30)
+    runs = tmp_path_factory.mktemp("runs")
+    argv = [f"--dataset_dir={dataset}", "--seeds=1", f"--runs_dir={runs}", "--skip_existing",
+            *(f"--row_flag={r}" for r in ROW_FLAGS)]
+    return argv, exp.run_leaderboard(_flags(*argv))
+
+
+def test_every_system_on_one_split_with_grounding_and_files(tiny):
+    _, result = tiny
+    board, table = result["board"], result["table"]
+    rows = {r["key"]: r for r in board["rows"]}
+    assert list(rows) == list(lb.SYSTEM_KEYS)
+    for key, row in rows.items():
+        assert "unavailable" not in row, (key, row.get("unavailable"))
+        assert row["cells"]["rsum"] is not None and row["name"] in table
+        assert row["protocol"] == "full"
+    assert len({r["test_split_fingerprint"] for r in rows.values()}) == 1
+    assert board["split"]["test_split_fingerprint"].startswith("sha256:") and not board["apart"]
+    assert board["split"]["num_test_images"] == 15
+    # Grounding: pointing for the N-pair heat maps, box R@1 for the two-branch region runs.
+    assert rows["npair"]["cells"]["pointing"] is not None and rows["npair"]["cells"]["box_r1"] is None
+    for key in ("cca", "embedding", "similarity"):
+        assert rows[key]["cells"]["box_r1"] is not None
+    for key in ("random", "dual_path", "fragments"):
+        assert rows[key]["grounding_unavailable"]
+    assert rows["embedding"]["cells"]["params"]["mean"] > 0 and rows["embedding"]["cells"]["train_s"]["mean"] > 0
+    assert rows["cca"]["cells"]["params"]["mean"] > 0
+    # Files.
+    files = result["files"]
+    saved = json.loads(open(files["json"], encoding="utf-8").read())
+    assert {r["key"] for r in saved["rows"]} == set(lb.SYSTEM_KEYS)
+    csv_lines = open(files["csv"], encoding="utf-8").read().splitlines()
+    assert len(csv_lines) == 1 + len(lb.SYSTEM_KEYS) and "test_split_fingerprint" in csv_lines[0]
+    with open(files["png"], "rb") as png:
+        assert png.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "pointing game" in table and "protocol full" in table
+
+
+def test_random_ranking_sits_at_chance(tiny):
+    _, result = tiny
+    row = next(r for r in result["board"]["rows"] if r["key"] == "random")
+    n_images, n_captions = 15, 75
+    caption_image = np.repeat(np.arange(n_images), n_captions // n_images)
+    # The spread of random rankings on a gallery of this size.
+    rsums = [retrieval.random_baseline_metrics(n_images, caption_image, seed=s)["rsum"] for s in range(40)]
+    assert abs(row["cells"]["rsum"]["mean"] - np.mean(rsums)) <= 4 * np.std(rsums)
+    # t2i R@K of random scores is K / gallery size in expectation.
+    assert abs(row["cells"]["t2i_r10"]["mean"] - 100 * 10 / n_images) <= 4 * 100 * np.sqrt(
+        (10 / n_images) * (1 - 10 / n_images) / n_captions)
+
+
+def test_second_invocation_reuses_every_run(tiny, monkeypatch):
+    from tf_twobranch.baselines.cca import CCABaseline
+    from tf_twobranch.training import trainer
+
+    argv, first = tiny
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+    monkeypatch.setattr(trainer, "train", no_training)
+    monkeypatch.setattr(CCABaseline, "fit", no_training)
+    second = exp.run_leaderboard(_flags(*argv))
+    assert all(r["reused"] for r in second["board"]["rows"])
+    for a, b in zip(first["board"]["rows"], second["board"]["rows"]):
+        assert a["cells"]["rsum"] == b["cells"]["rsum"] and a["cells"]["params"] == b["cells"]["params"]
+
+
+def _record(fingerprint, rsum, protocol="full"):
+    metrics = {k: rsum / 6 for k in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")}
+    return {"protocol": protocol, "test_split_fingerprint": fingerprint, "num_test_images": 10,
+            "num_test_captions": 50, "metrics": {**metrics, "rsum": rsum, "i2t_medr": 3.0, "t2i_medr": 4.0}}
+
+
+def _run(record):
+    return {"retrieval": {"record": record, "cost": {"params": 10, "train_s": 1.0, "eval_s": 0.5},
+                          "reused": False}}
+
+
+def test_seeds_give_mean_and_std_and_other_splits_are_listed_apart():
+    board = lb.assemble({"cca": [_run(_record("sha256:a", 60.0)), _run(_record("sha256:a", 90.0))],
+                         "embedding": [_run(_record("sha256:a", 120.0))],
+                         "similarity": [_run(_record("sha256:b", 300.0))],
+                         "npair": [{"retrieval": {"error": "no Entities here"}}]})
+    rows = {r["key"]: r for r in board["rows"]}
+    assert rows["cca"]["cells"]["rsum"]["mean"] == 75.0
+    assert rows["cca"]["cells"]["rsum"]["std"] == pytest.approx(np.std([60, 90], ddof=1))
+    assert board["split"]["test_split_fingerprint"] == "sha256:a"
+    assert [a["key"] for a in board["apart"]] == ["similarity"]
+    assert rows["similarity"]["cells"]["rsum"] is None and "another split" in rows["similarity"]["unavailable"]
+    assert rows["npair"]["unavailable"] == "no Entities here"
+    table = lb.format_table(board, dataset="d", seeds=[0, 1])
+    assert "75.0±21.2" in table and "NOT COMPARABLE" in table and "no Entities here" in table
+
+
+def test_bad_row_flags_and_systems_are_clear_errors(tmp_path):
+    with pytest.raises(UserInputError, match="TARGET"):
+        exp._row_flags(["no_colon"], "cca", "image_sentence_retrieval", set())
+    with pytest.raises(UserInputError, match="unknown target"):
+        exp._row_flags(["nope:--epochs=1"], "cca", "image_sentence_retrieval", set())
+    with pytest.raises(UserInputError, match="unknown"):
+        exp.run_leaderboard(_flags("--systems=cca,nope", f"--runs_dir={tmp_path}"))
+    with pytest.raises(UserInputError, match="does not exist"):
+        exp.run_leaderboard(_flags(f"--dataset_dir={tmp_path / 'missing'}"))
