@@ -125,6 +125,8 @@ def run_leaderboard(f) -> dict:
             entry = {"retrieval": run_one(system, system.retrieval, seed, folder / "retrieval", f)}
             if system.grounding and f.grounding:
                 entry["grounding"] = run_one(system, system.grounding, seed, folder / "grounding", f)
+            elif system.grounding:
+                entry["grounding"] = {"error": f"not run (--nogrounding): {system.grounding.flagfile}"}
             system_runs.setdefault(system.key, []).append(entry)
     board = lb.assemble(system_runs)
     dataset = f.dataset_dir or "the embedded data"
