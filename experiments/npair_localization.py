@@ -3,23 +3,19 @@ r"""Semi-supervised phrase localization (Das et al.): Tables 1 and 2.
     python -m experiments.npair_localization --flagfile=experiments/configs/das_table2_npair_word.cfg
     python -m experiments.npair_localization --rows=all     # every row; prints Table 2 beside the paper
 
-A caption–image retrieval model (spatial image map × per-token caption
-vectors → localization volume → S_MaxImage) is trained on captions alone
-with the N-pair loss (or the triplet loss); no box is used in training. Each
-row then reports retrieval through the one evaluation core (Table 1: folds
-of 100 images, `--protocol`) and the pointing game on the Flickr30K
-Entities phrases of the evaluation split (Table 2), in word and phrase parse
-modes. Baseline rows (`--row_kind`) point at a random pixel, at the image
+A caption–image retrieval model (spatial image map × per-token caption vectors → localization
+volume → S_MaxImage) is trained on captions alone with the N-pair loss (or the triplet loss); no
+box is used in training. Each row then reports retrieval through the one evaluation core (Table
+1: folds of 100 images, `--protocol`) and the pointing game on the Flickr30K Entities phrases of
+the evaluation split (Table 2), in word and phrase parse modes. Baseline rows (`--row_kind`) point at a random pixel, at the image
 centre, at the maximum of the backbone map's channel mean, or use the untrained model.
 
-Defaults where the paper is silent are the authors' code's (LocNet): SGD
-lr 1e-3 × 0.1 every 10 epochs of 100 steps, momentum 0.9, weight decay
-1e-7, triplet margin 0.1, LSTM 300 → 1024, 3×3 conv 512 → 1024 + BN + ReLU
-on VGG-19 ``block5_conv4`` at 224², ``<start>``/``<end>`` tokens, 20 words.
-Its defects are not reproduced by default (BUILD_NOTES.md): the score's
-maximum over rows only (``--aggregator=max_rows_code``), the L2 norms
-computed but not applied (``--normalisation=none``), the swapped x/y of its
-hit test, I_r1 = C_r1.
+Defaults where the paper is silent are the authors' code's (LocNet): SGD lr 1e-3 × 0.1 every
+10 epochs of 100 steps, momentum 0.9, weight decay 1e-7, triplet margin 0.1, LSTM 300 → 1024,
+3×3 conv 512 → 1024 + BN + ReLU on VGG-19 ``block5_conv4`` at 224², ``<start>``/``<end>``
+tokens, 20 words. Its defects are not reproduced by default (BUILD_NOTES.md): the score's
+maximum over rows only (``--aggregator=max_rows_code``), the L2 norms computed but not applied
+(``--normalisation=none``), the swapped x/y of its hit test, I_r1 = C_r1.
 
 Memory is bounded by a batch or a chunk: backbone maps (and training images
 with --train_backbone) are memory-mapped, the evaluation goes chunk by chunk.
@@ -50,20 +46,19 @@ from tf_twobranch.pipelines.npair_localization import NPairRecipe
 from tf_twobranch.sampling import npair_batches
 from tf_twobranch.training import trainer
 
-# The embedded scenes: 2,500 training images of 96² (the scene CNN's last
-# conv map is 6×6×128), a ~130-word vocabulary. The profile keeps the
-# paper's structure (batch 64 of distinct images, N-pair over the batch,
-# S_MaxImage, SGD with momentum, lr × 0.1 steps) at a size this 2-core CPU
-# trains in a few minutes per row (BUILD_NOTES.md).
+# The embedded scenes: 2,500 training images of 96² (the scene CNN's last conv map is 6×6×128),
+# a ~130-word vocabulary. The profile keeps the paper's structure (batch 64 of distinct images,
+# N-pair over the batch, S_MaxImage, SGD with momentum, lr × 0.1 steps) at a size this 2-core
+# CPU trains in a few minutes per row (BUILD_NOTES.md).
 EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 6, "lr_decay_epochs": 4,
                     "learning_rate": 0.01}
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     d = dict(flag_values=fv)
-    common.define_data_flags(fv, dataset_help="Dataset folder (Flickr30K with its Flickr30K Entities "
-                             "Sentences/ and Annotations/, or COCO captions for retrieval only), with its "
-                             "images; empty: the embedded dataset.",
+    common.define_data_flags(fv, dataset_help="Dataset folder (Flickr30K with its Flickr30K Entities Sentences/ "
+                             "and Annotations/, or COCO captions for retrieval only), with its images; empty: "
+                             "the embedded dataset.",
                              caption_formats=["auto", "karpathy", "token", "coco"], limit_images=True)
     flags.DEFINE_enum("eval_split", "test", ["val", "test"], "Split to evaluate on.", **d)
     flags.DEFINE_enum("protocol", "folds_100", ["folds_100", "full", "coco_1k", "coco_5k"],
@@ -203,9 +198,13 @@ def _train(recipe: NPairRecipe, typed: dict, data: npair.NPairData, model, confi
     return {k: [float(x) for x in v] for k, v in trained.history.items()}
 
 
-def run(recipe: NPairRecipe, typed: dict | None = None) -> dict:
-    """Runs one row; returns the results record (also written as JSON). `typed`: the flags the
-    user typed (`recipe_from_flags`), recorded so that a table resumes only a row typed alike."""
+def run(f: flags.FlagValues) -> dict:
+    """Runs the row of parsed flags `f` (its recipe is built here, once); returns its results record."""
+    return run_recipe(*recipe_from_flags(f))
+
+
+def run_recipe(recipe: NPairRecipe, typed: dict | None = None) -> dict:
+    """Runs one row; returns the results record (also written as JSON); `typed`: the flags typed."""
     start, typed, recipe = time.time(), typed or {}, dataclasses.replace(recipe)   # resolve_protocol may set it
     row_name = recipe.row_name or "npair_localization"
     if recipe.retrieval_score_dtype != "float32" and recipe.aggregator != "max_image":
@@ -277,7 +276,7 @@ def run(recipe: NPairRecipe, typed: dict | None = None) -> dict:
 
 def run_rows(f: flags.FlagValues) -> dict:
     """The rows of --rows (`npair_tables.run_rows`), each run from its own flags."""
-    return npair_tables.run_rows(f, define_flags, lambda row: run(*recipe_from_flags(row)))
+    return npair_tables.run_rows(f, define_flags, run)
 
 
 def _main() -> None:
@@ -285,7 +284,7 @@ def _main() -> None:
     if f.rows:
         run_rows(f)
         return
-    record = run(*recipe_from_flags(f))
+    record = run(f)
     print(format_record(record, f))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")

@@ -94,10 +94,10 @@ def test_baseline_rows_need_entities_annotations_and_bad_flags_are_clear(tmp_pat
     with pytest.raises(Exception, match="backbone_weights"):
         f = common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_npair_word")),
                                   ["--image_backbone=vgg19", f"--run_dir={tmp_path}"])
-        exp.run(*exp.recipe_from_flags(f))
+        exp.run(f)
     # The bfloat16 retrieval scorer is S_MaxImage's: another aggregator is refused before any training.
     f = common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_npair_word")),
                               ["--aggregator=max_text", "--retrieval_score_dtype=bfloat16",
                                f"--run_dir={tmp_path}", "--dataset_dir=/nonexistent"])
     with pytest.raises(common.UserInputError, match="retrieval_score_dtype=bfloat16 needs --aggregator=max_image"):
-        exp.run(*exp.recipe_from_flags(f))
+        exp.run(f)

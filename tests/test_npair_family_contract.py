@@ -71,7 +71,7 @@ def tiny_runs(tmp_path_factory):
                       ("centre", "das_table2_centre")):
         row = common.parse_flagfile(exp.define_flags, str(common.resolve_config(cfg)),
                                     [f"--dataset_dir={dataset}", *TINY, f"--run_dir={runs / name}"])
-        record = exp.run(*exp.recipe_from_flags(row))
+        record = exp.run(row)
         out[name] = (runs / name, record)
     return out
 

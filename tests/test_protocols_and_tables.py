@@ -198,7 +198,7 @@ def test_das_pointing_row_without_entities_is_refused_before_training(no_entitie
     with pytest.raises(UserInputError, match=r"row 'Proposed method - N-pair loss \(word mode\)': its metric, "
                                              r"the pointing accuracy \(Table 2\), needs the Flickr30K Entities "
                                              r"Sentences/ and Annotations/ folders"):
-        exp.run(*exp.recipe_from_flags(row))
+        exp.run(row)
 
 
 def test_das_table_run_marks_pointing_rows_not_computed(no_entities_dataset, monkeypatch, tmp_path):
