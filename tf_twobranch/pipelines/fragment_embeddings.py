@@ -28,8 +28,8 @@ from typing import NamedTuple
 import keras
 
 from tf_twobranch.checkpoints import load_checkpoint
-from tf_twobranch.data.embedded import load_embedded_dataset
-from tf_twobranch.data.layout import DatasetLayout, resolve_dataset
+from tf_twobranch.data.from_flags import dataset_from_flags
+from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.data.sentence_fragments import caption_keys
 from tf_twobranch.errors import UserInputError
@@ -146,11 +146,8 @@ class FragmentData(NamedTuple):
 def load_data(recipe: FragmentRecipe) -> FragmentData:
     """The caption splits (train and the evaluated one), image fragments and sentence fragments of a row."""
     r = recipe
-    if r.dataset_dir and not pathlib.Path(r.dataset_dir).is_dir():
-        raise UserInputError(f"--dataset_dir={r.dataset_dir}: dataset folder does not exist")
-    source = pathlib.Path(r.dataset_dir) if r.dataset_dir else load_embedded_dataset()
-    layout = resolve_dataset(source, caption_format=r.caption_format, images_dir=r.images_dir or None,
-                             proposals=r.proposals or None)
+    source, layout = dataset_from_flags(r.dataset_dir, caption_format=r.caption_format,
+                                        images_dir=r.images_dir, proposals=r.proposals)
     corpora = load_caption_splits(layout)
     splits = {}
     for name in ("train", r.eval_split):

@@ -33,8 +33,8 @@ import keras
 from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.cli import split_paths
 from tf_twobranch.data.corpus import CaptionCorpus
-from tf_twobranch.data.embedded import load_embedded_dataset
-from tf_twobranch.data.layout import DatasetLayout, resolve_dataset
+from tf_twobranch.data.from_flags import dataset_from_flags
+from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import UserInputError
@@ -146,11 +146,8 @@ class NPairData:
 
 def dataset_layout(recipe: NPairRecipe) -> tuple[pathlib.Path, DatasetLayout]:
     """(dataset folder, its resolved layout) of a row: its dataset_dir, else the embedded data."""
-    if recipe.dataset_dir and not pathlib.Path(recipe.dataset_dir).is_dir():
-        raise UserInputError(f"--dataset_dir={recipe.dataset_dir}: dataset folder does not exist")
-    source = pathlib.Path(recipe.dataset_dir) if recipe.dataset_dir else load_embedded_dataset()
-    return source, resolve_dataset(source, caption_format=recipe.caption_format,
-                                   images_dir=recipe.images_dir or None)
+    return dataset_from_flags(recipe.dataset_dir, caption_format=recipe.caption_format,
+                              images_dir=recipe.images_dir)
 
 
 def reported_metric(recipe: NPairRecipe) -> str:
