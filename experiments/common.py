@@ -198,26 +198,6 @@ def apply_embedded_profile(f, profile: dict) -> dict:
     return applied
 
 
-def row_overrides(f, define_flags: Callable[[flags.FlagValues], None], runner_flags) -> list[str]:
-    """The row flags typed on a table runner's command line, as arguments for every row
-    (flags of the runner itself, `runner_flags`, and flags rows do not define are left out)."""
-    row_flags = flags.FlagValues()
-    define_flags(row_flags)
-    out = []
-    for name, value in typed_flags(f).items():
-        if name in runner_flags or name not in row_flags:
-            continue
-        if isinstance(value, bool):
-            out.append(f"--{name}" if value else f"--no{name}")
-        elif isinstance(value, list):
-            out.append(f"--{name}={','.join(map(str, value))}")
-        else:
-            out.append(f"--{name}={value}")
-    return out
-
-
-
-
 def recipe_from_flags(cls, f):
     """The experiment's row recipe of parsed flags (`tf_twobranch.recipes.from_flags`)."""
     return from_flags(cls, f)

@@ -18,7 +18,7 @@ proposals file the row used (or ``--proposals``).
 
 Example::
 
-    python -m experiments.draw_fragments --run_dir=runs/karpathy_fragment_global_mil \
+    python -m experiments.draw_fragments --run_dir=runs/karpathy_table2_fragment_global_mil \
         --out_dir=figures --image_index=0,1,2 --top_sentences=5
 """
 from __future__ import annotations

@@ -16,9 +16,9 @@ and the CNN frozen, the rest with MIL labels and (with `--fine_tune_cnn`)
 the CNN's top layer trained. The learning rate drops ×0.1 for the last
 `--lr_drop_epochs` epochs. `--init_from` starts from another run's weights.
 
-With `--rows`, each row's flagfile (``karpathy_table{2,3}_*.cfg``) is run
-with the other flags given here, and the tables are printed in the paper's
-layout with the paper's numbers; the results go to `--out_json`.
+With `--rows`, each row's flagfile (``karpathy_table{2,3}_*.cfg``) runs with the other flags
+given here in ``runs/<flagfile stem>`` (as alone; a table resumes: `tf_twobranch.table_runner`),
+and the tables are printed beside the paper's numbers; the results go to `--out_json`.
 
 The flags become a `FragmentRecipe` once per row (`recipe_from_flags`); the
 data, model configuration, schedule and evaluation are the library's
@@ -34,6 +34,7 @@ the small profile below.
 from __future__ import annotations
 
 import pathlib
+import sys
 import time
 
 import keras
@@ -41,6 +42,7 @@ from absl import app, flags, logging
 
 from experiments import common, fragment_tables
 from experiments.fragment_tables import format_record
+from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.export.fragment_embedding import export_fragment_model
@@ -169,12 +171,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     common.define_run_flags(fv, export_help="Export the model as a SavedModel.",
                             paper_results_help="Paper numbers: R@1,R@5,R@10,Med r of image annotation "
                             "then image search.")
-    # The table runner.
-    flags.DEFINE_list("rows", [], "Run these row flagfiles (names in experiments/configs or paths; "
-                      "'all': every karpathy_table<N>_*.cfg of --table) and print the tables.", **d)
+    common.define_runner_flags(fv, rows_help="Run these row flagfiles (names in experiments/configs or "
+                               "paths; 'all': every karpathy_table<N>_*.cfg of --table) and print the tables.")
     flags.DEFINE_enum("table", "all", ["2", "3", "all"], "Rows of Table 2 (Flickr8K), Table 3 "
                       "(Flickr30K) or both (--rows=all).", **d)
-    flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (--rows; default runs/).", **d)
     common.define_smoke_flag(fv)
 
 
@@ -190,22 +190,23 @@ def recipe_from_flags(f) -> tuple[FragmentRecipe, dict]:
     return recipe, typed
 
 
-def run(f) -> dict:
+def run(f, flagfile: str | None = None) -> dict:
     """Runs one table row of the flags `f` (its recipe is built here, once); returns its results record."""
-    return run_recipe(*recipe_from_flags(f))
+    return run_recipe(*recipe_from_flags(f), flagfile=flagfile)
 
 
-def run_recipe(r: FragmentRecipe, typed: dict | None = None) -> dict:
-    """Runs one table row; returns the results record (also written as JSON)."""
+def run_recipe(r: FragmentRecipe, typed: dict | None = None, flagfile: str | None = None) -> dict:
+    """Runs one table row (in `r.run_dir`, else ``runs/<flagfile stem>``); returns the results record."""
     start = time.time()
     row_name = r.row_name or "fragment_embeddings"
-    run_dir = pathlib.Path(r.run_dir) if r.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
+    run_dir = pathlib.Path(r.run_dir) if r.run_dir else table_runner.run_folder(None, flagfile, row_name)
     data = pipeline.load_data(r)
     splits, images, text = data.splits, data.images, data.text
     evaluation = splits[r.eval_split]
     protocol = common.resolve_protocol(r, evaluation.num_images, split=f"the {r.eval_split} split")
     saved = {"typed_flags": typed or {}, "recipe": r.to_dict()}     # the recipe after its protocol is resolved
     record = {"row": row_name, "task": "fragment_embeddings", "dataset": str(data.source), **saved,
+              "run_dir": str(run_dir),
               "paper": common.paper_numbers(r.paper_results), "paper_dataset": r.paper_dataset,
               "paper_protocol": r.paper_protocol, "num_train_images": splits["train"].num_images,
               "num_eval_images": evaluation.num_images, "num_eval_captions": evaluation.num_captions,
@@ -273,20 +274,21 @@ def run_recipe(r: FragmentRecipe, typed: dict | None = None) -> dict:
     return record
 
 
-def run_rows(f) -> dict:
-    """The rows of `--rows`, each run once (resumed when finished before), and the tables printed."""
-    return fragment_tables.run_rows(f, define_flags, run)
+def run_rows(f, argv) -> dict:
+    """--rows through `fragment_tables.run_rows`: the flags of `argv` not the runner's go to every row."""
+    return fragment_tables.run_rows(f, argv, define_flags, run)
 
 
 def _main() -> None:
     f = flags.FLAGS
     if f.rows:
-        run_rows(f)
+        run_rows(f, sys.argv)
         return
-    record = run(f)
+    record = run(f, flagfile=table_runner.flagfile_of(sys.argv))
     print(format_record(record))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")
+    print(fragment_tables.follow_up(record))
 
 
 main = absl_main(_main)

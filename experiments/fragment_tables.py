@@ -1,5 +1,9 @@
-"""The tables of Karpathy et al. (NIPS 2014), Tables 2 and 3: their layout and the `--rows` runner
-of `experiments.fragment_embeddings` (a row's run folder is ``<runs_dir>/karpathy_<row>``; a table resumes).
+"""The tables of Karpathy et al. (NIPS 2014), Tables 2 and 3: their layout, and the `--rows` table of
+`experiments.fragment_embeddings` run through the one table runner (`tf_twobranch.table_runner`:
+row selection, flags for every row, resume, run folder ``<runs_dir>/<flagfile stem>``).
+
+A Table 3 row whose flags differ from its Table 2 twin's only in the paper's labels (on one
+dataset folder, e.g. the embedded data) shares the twin's trained model instead of training again.
 """
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Callable
 from absl import flags
 
 from experiments import common
-from tf_twobranch.json_files import read_json_object
+from tf_twobranch import table_runner
 
 PAPER_LAYOUT = ("R@1", "R@5", "R@10", "Med r")
 
@@ -59,6 +63,10 @@ def format_record(record: dict) -> str:
 ROW_ORDER = ("random_ranking", "devise", "fragment_objective", "global_objective", "fragment_global",
              "fullframe_only", "bow", "bigrams", "fragment_global_mil", "fine_tuned_cnn",
              "star_fragment_global_mil")
+# The flags of the table runner (and absl's --flagfile): not passed to the rows.
+RUNNER_FLAGS = ("rows", "table", "runs_dir", "resume", "out_json", "flagfile")
+# Flags that only label a row beside the paper: rows differing only in them share one trained model.
+_LABELS = {"row_name", "paper_results", "paper_dataset", "paper_protocol", "run_dir", "out_json"}
 
 
 def _paper_order(cfg: pathlib.Path):
@@ -66,62 +74,54 @@ def _paper_order(cfg: pathlib.Path):
     return (cfg.stem.split("_", 2)[1], ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER), key)
 
 
-def _row_configs(f) -> list[pathlib.Path]:
-    if f.rows == ["all"]:
-        tables = ["2", "3"] if f.table == "all" else [f.table]
-        return sorted((c for t in tables for c in common.CONFIG_DIR.glob(f"karpathy_table{t}_*.cfg")),
-                      key=_paper_order)
-    return [common.resolve_config(name) for name in f.rows]
+def select_rows(rows, table: str = "all") -> list[pathlib.Path]:
+    """--rows: names or paths, or 'all' (every karpathy_table<table>_*.cfg, in the paper's order)."""
+    configs = table_runner.select_rows(rows, pattern=f"karpathy_table{'*' if table == 'all' else table}_*.cfg")
+    return sorted(configs, key=_paper_order) if list(rows) == ["all"] else configs
 
 
-_RUNNER_FLAGS = {"rows", "table", "runs_dir", "out_json", "run_dir", "row_name", "paper_results"}
+def _entry(record: dict, run_dir: pathlib.Path) -> dict:
+    """A row of the printed tables from its run record."""
+    paper = record["paper"]
+    return {"name": record["row"], "metrics": record["metrics"], "paper": paper,
+            "paper_dataset": record["paper_dataset"], "paper_protocol": record["paper_protocol"],
+            "paper_beside": common.paper_beside(paper, record["paper_protocol"], record["protocol"],
+                                                record["num_eval_images"]),
+            **{k: record[k] for k in ("protocol", "test_split_fingerprint", "num_eval_images",
+                                      "num_eval_captions", "random_baseline", "seconds")},
+            "run_dir": str(run_dir)}
 
 
-def _finished(row) -> dict | None:
-    """The results of a row already trained in its run folder with the same flags (a table resumes)."""
-    path = pathlib.Path(row.run_dir) / "results.json"
-    if not path.is_file():
-        return None
-    record = read_json_object(path, "fragment-embedding run record")
-    same = record.get("typed_flags") == common.typed_flags(row)
-    # Records written before protocols were checked and fingerprinted are run again.
-    return record if same and "metrics" in record and "test_split_fingerprint" in record else None
+def run_rows(f, argv, define_flags: Callable[[flags.FlagValues], None],
+             run: Callable[[flags.FlagValues], dict]) -> dict:
+    """Runs the rows of `f.rows` (each its flagfile + the flags of `argv` that are not
+    `RUNNER_FLAGS`; `run` of its flags defined by `define_flags`) through
+    `tf_twobranch.table_runner` and prints Tables 2 and 3."""
+    runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else table_runner.default_runs_dir()
+    overrides = common.runner_arguments(argv, RUNNER_FLAGS)     # the flags typed here go to every row
+    configs = select_rows(f.rows, f.table)
 
+    def parse(cfg, arguments):
+        return common.parse_flagfile(define_flags, str(cfg), arguments)
 
-def run_rows(f, define_flags: Callable[[flags.FlagValues], None], run: Callable[[flags.FlagValues], dict]) -> dict:
-    """Runs the rows of `--rows` (`run` of each row's flags, defined by `define_flags`) and prints the tables.
+    def training(cfg, arguments):
+        typed = common.typed_flags(parse(cfg, arguments))
+        return tuple(sorted((k, str(v)) for k, v in typed.items() if k not in _LABELS))
 
-    Each row runs once (a row shared by both tables is trained once); a row
-    whose run folder already holds its results with the same flags is not
-    trained again, so an interrupted table resumes.
-    """
-    configs = _row_configs(f)
-    overrides = common.row_overrides(f, define_flags, _RUNNER_FLAGS)
-    runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs"
-    results, done = {}, {}
-    for cfg in configs:
-        row = common.parse_flagfile(define_flags, str(cfg), overrides)
-        key = cfg.stem.split("_", 2)[2]          # the row without its table: shared by Tables 2 and 3
-        row.run_dir = str(runs_dir / f"karpathy_{key}")
-        if key not in done:
-            done[key] = _finished(row) or None
-            if done[key] is None:
-                print(f"--- {cfg.name}: {row.row_name}", flush=True)
-                done[key] = run(row)
-            else:
-                print(f"--- {cfg.name}: {row.row_name}: finished before, results of {row.run_dir}", flush=True)
-        record = done[key]
-        paper = common.paper_numbers(row.paper_results)
-        results[cfg.stem] = {"name": row.row_name, "metrics": record["metrics"], "paper": paper,
-                             "paper_dataset": row.paper_dataset, "paper_protocol": row.paper_protocol,
-                             "paper_beside": common.paper_beside(paper, row.paper_protocol, record["protocol"],
-                                                                  record["num_eval_images"]),
-                             "protocol": record["protocol"],
-                             "test_split_fingerprint": record["test_split_fingerprint"],
-                             "num_eval_images": record["num_eval_images"],
-                             "num_eval_captions": record["num_eval_captions"],
-                             "random_baseline": record["random_baseline"],
-                             "run_dir": row.run_dir, "seconds": record["seconds"]}
+    def share(cfg, arguments, first):
+        row = parse(cfg, arguments)
+        record = {**first, "row": row.row_name, "paper": common.paper_numbers(row.paper_results),
+                  "paper_dataset": row.paper_dataset, "paper_protocol": row.paper_protocol,
+                  "shared_with": first["row"], "run_dir": row.run_dir,
+                  "trained_in": first.get("trained_in") or first.get("run_dir")}
+        if common.is_chief():
+            common.write_json(pathlib.Path(row.run_dir) / "results.json", record)
+        return record
+
+    records = table_runner.run_table(
+        configs, lambda cfg, arguments: run(parse(cfg, arguments)), overrides=overrides, runs_dir=runs_dir,
+        resume=f.resume, share_key=training, share=share, is_chief=common.is_chief)
+    results = {cfg.stem: _entry(r, table_runner.run_folder(runs_dir, cfg)) for cfg, r in zip(configs, records)}
     out = {"rows": results}
     for table, dataset in (("2", "Flickr8K"), ("3", "Flickr30K")):
         rows = [r for stem, r in results.items() if stem.startswith(f"karpathy_table{table}_")]
@@ -129,7 +129,7 @@ def run_rows(f, define_flags: Callable[[flags.FlagValues], None], run: Callable[
         for group in common.groups_by_test_split(rows):
             first = group[0]
             title = common.table_title(
-                f"Karpathy et al. Table {table} rows", dataset=done and next(iter(done.values()))["dataset"],
+                f"Karpathy et al. Table {table} rows", dataset=records[0]["dataset"],
                 protocol=first["protocol"], num_images=first["num_eval_images"],
                 num_captions=first["num_eval_captions"], paper=any(r["paper"] for r in group),
                 paper_dataset=dataset, paper_protocol=first["paper_protocol"])
@@ -140,4 +140,16 @@ def run_rows(f, define_flags: Callable[[flags.FlagValues], None], run: Callable[
             print(text)
             out[f"table{table}"] = text
     common.write_json(f.out_json or runs_dir / "karpathy_tables.json", out)
+    drawable = [r for r in records if r["recipe"]["representation"] == "fragments"
+                and not r["recipe"]["random_ranking"]]
+    print(follow_up((drawable or records)[-1]))
     return out
+
+
+def follow_up(record: dict) -> str:
+    """What to run next on a row's run folder (draw_fragments, load_run)."""
+    run_dir, recipe = record.get("trained_in") or record["run_dir"], record["recipe"]
+    if recipe["random_ranking"] or recipe["representation"] != "fragments":   # nothing to draw
+        return table_runner.next_command(run_dir, load_run=not recipe["random_ranking"])
+    return table_runner.next_command(
+        run_dir, f"python -m experiments.draw_fragments --run_dir={run_dir} --out_dir=figures --top_sentences=5")

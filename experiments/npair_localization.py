@@ -23,12 +23,13 @@ With no --dataset_dir the embedded digit scenes are used (profile below).
 
 The flags become one typed recipe (`NPairRecipe` of `tf_twobranch.pipelines.npair_localization`),
 stored in results.json; ``tf_twobranch.runs.load_run(run_dir)`` loads the row again
-without flags. Tables and the ``--rows`` runner: `experiments.npair_tables`.
+without flags. Tables and ``--rows`` (the one table runner): `experiments.npair_tables`.
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
+import sys
 import time
 
 import keras
@@ -36,6 +37,7 @@ from absl import app, flags, logging
 
 from experiments import common, npair_tables
 from experiments.npair_tables import format_record
+from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.evaluation import localization_maps, retrieval
 from tf_twobranch.features.prepare_npair import phrase_parsed_captions, split_images
@@ -140,9 +142,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     common.define_run_flags(fv, export_help="Export the model as a SavedModel.",
                             paper_results_help="Paper numbers: the pointing accuracy (Table 2 rows), or "
                             "R@1,R@5,R@10 of image-to-caption then caption-to-image (Table 1 rows).")
-    flags.DEFINE_list("rows", [], "Run these row flagfiles (names in experiments/configs or paths; 'all': "
-                      "every das_*.cfg) and print Tables 2 and 1.", **d)
-    flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders (--rows; default runs/).", **d)
+    common.define_runner_flags(fv, rows_help="Row flagfiles to run ('all': every das_*.cfg); prints Tables 2 and 1.")
     common.define_smoke_flag(fv)
 
 
@@ -198,20 +198,20 @@ def _train(recipe: NPairRecipe, typed: dict, data: npair.NPairData, model, confi
     return {k: [float(x) for x in v] for k, v in trained.history.items()}
 
 
-def run(f: flags.FlagValues) -> dict:
+def run(f: flags.FlagValues, flagfile: str | None = None) -> dict:
     """Runs the row of parsed flags `f` (its recipe is built here, once); returns its results record."""
-    return run_recipe(*recipe_from_flags(f))
+    return run_recipe(*recipe_from_flags(f), flagfile=flagfile)
 
 
-def run_recipe(recipe: NPairRecipe, typed: dict | None = None) -> dict:
-    """Runs one row; returns the results record (also written as JSON); `typed`: the flags typed."""
+def run_recipe(recipe: NPairRecipe, typed: dict | None = None, flagfile: str | None = None) -> dict:
+    """Runs one row in `recipe.run_dir` (else ``runs/<flagfile stem>``); returns results.json's record."""
     start, typed, recipe = time.time(), typed or {}, dataclasses.replace(recipe)   # resolve_protocol may set it
     row_name = recipe.row_name or "npair_localization"
     if recipe.retrieval_score_dtype != "float32" and recipe.aggregator != "max_image":
         # Said before training, not after it: the packed scorer is S_MaxImage's alone.
         raise common.UserInputError(f"--retrieval_score_dtype={recipe.retrieval_score_dtype} needs "
                                     f"--aggregator=max_image (got {recipe.aggregator})")
-    run_dir = pathlib.Path(recipe.run_dir) if recipe.run_dir else common.REPO_ROOT / "runs" / common.slug(row_name)
+    run_dir = pathlib.Path(recipe.run_dir) if recipe.run_dir else table_runner.run_folder(None, flagfile, row_name)
     baseline = recipe.row_kind in npair.BASELINE_KINDS
     source, layout = npair.dataset_layout(recipe)
     reason = npair.uncomputable_metric(recipe, layout, source)
@@ -224,7 +224,7 @@ def run_recipe(recipe: NPairRecipe, typed: dict | None = None) -> dict:
         recipe, evaluation.num_images, split=f"the {recipe.eval_split} split")
     queries = npair.evaluation_queries(layout, evaluation)
     record = {"row": row_name, "task": "npair_localization", "row_kind": recipe.row_kind, "dataset": str(source),
-              "typed_flags": typed, "recipe": recipe.to_dict(),
+              "typed_flags": typed, "recipe": recipe.to_dict(), "run_dir": str(run_dir),
               "paper": common.paper_numbers(recipe.paper_results), "paper_dataset": recipe.paper_dataset,
               "paper_protocol": recipe.paper_protocol, "row_metric": npair.reported_metric(recipe),
               "num_train_images": data.splits["train"].num_images, "num_eval_images": evaluation.num_images,
@@ -274,20 +274,21 @@ def run_recipe(recipe: NPairRecipe, typed: dict | None = None) -> dict:
     return record
 
 
-def run_rows(f: flags.FlagValues) -> dict:
-    """The rows of --rows (`npair_tables.run_rows`), each run from its own flags."""
-    return npair_tables.run_rows(f, define_flags, run)
+def run_rows(f: flags.FlagValues, argv) -> dict:
+    """--rows through `npair_tables.run_rows`: the flags of `argv` not the runner's go to every row."""
+    return npair_tables.run_rows(f, argv, define_flags, run)
 
 
 def _main() -> None:
     f = flags.FLAGS
     if f.rows:
-        run_rows(f)
+        run_rows(f, sys.argv)
         return
-    record = run(f)
-    print(format_record(record, f))
+    record = run(f, flagfile=table_runner.flagfile_of(sys.argv))
+    print(format_record(record))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")
+    print(npair_tables.follow_up(record))
 
 
 main = absl_main(_main)

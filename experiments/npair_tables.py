@@ -1,11 +1,12 @@
-"""Tables 1 and 2 of Das et al. from N-pair rows, and the ``--rows`` runner of
-``experiments.npair_localization`` (moved out of the experiment; it takes the
-experiment's `define_flags` and its one-row runner).
+"""Tables 1 and 2 of Das et al. from N-pair rows, and the ``--rows`` table of
+``experiments.npair_localization`` run through the one table runner
+(`tf_twobranch.table_runner`: row selection, flags for every row, resume of an
+interrupted table, run folder ``<runs_dir>/<flagfile stem>``, default ``runs/``).
 
-Rows are run in ``<runs_dir>/<flagfile stem>`` (default ``runs/``); a row whose
-folder holds results of the same typed flags is not run again (an
-interrupted table resumes), and rows that differ only in what is evaluated
-share one trained model.
+Rows that differ only in what is evaluated (parse mode, protocol, the paper's
+labels) share one trained model: the first is trained, the others are its
+record evaluated under their own protocol and parse mode (the runner's
+``share_key``/``share``), each written to its own run folder.
 """
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from typing import Callable
 from absl import flags
 
 from experiments import common
+from tf_twobranch import table_runner
 from tf_twobranch.data.embedded import load_embedded_dataset
-from tf_twobranch.json_files import read_json_object
 from tf_twobranch.pipelines import npair_localization as npair
 from tf_twobranch.pipelines.npair_localization import NPairRecipe
 
-__all__ = ["format_table1", "format_table2", "table_row", "format_record", "run_rows", "ROW_ORDER"]
+__all__ = ["format_table1", "format_table2", "table_row", "format_record", "run_rows", "select_rows", "ROW_ORDER"]
 
 
 def _paper_pointing(row) -> str:
@@ -78,23 +79,23 @@ def format_table1(rows: list[dict], dataset: str) -> str:
     return "\n\n".join(tables)
 
 
-def table_row(record: dict, row) -> dict:
-    """A row of the printed tables from a run record and the row's flags."""
+def table_row(record: dict) -> dict:
+    """A row of the printed tables from its run record (its recipe says the parse mode shown)."""
     pointing = record.get("pointing") or {}
-    chosen = pointing.get(row.parse_mode) or pointing.get("baseline") or {}
-    return {"name": row.row_name or record["row"], "metrics": record["metrics"], "trials": chosen.get("trials"),
-            "paper": common.paper_numbers(row.paper_results), "paper_dataset": row.paper_dataset,
-            "paper_protocol": row.paper_protocol, "protocol": record["protocol"],
+    chosen = pointing.get(record.get("recipe", {}).get("parse_mode")) or pointing.get("baseline") or {}
+    return {"name": record["row"], "metrics": record["metrics"], "trials": chosen.get("trials"),
+            "paper": record.get("paper"), "paper_dataset": record["paper_dataset"],
+            "paper_protocol": record["paper_protocol"], "protocol": record["protocol"],
             "test_split_fingerprint": record["test_split_fingerprint"],
             "num_eval_images": record["num_eval_images"], "num_eval_captions": record["num_eval_captions"],
-            "random_baseline": record.get("random_baseline"), "run_dir": row.run_dir,
+            "random_baseline": record.get("random_baseline"), "run_dir": record.get("run_dir"),
             "seconds": record.get("seconds")}
 
 
-def format_record(record: dict, row) -> str:
+def format_record(record: dict) -> str:
     """One row: its retrieval table (Table 1 layout, with chance) and its pointing accuracy
     (Table 2 layout), each beside the paper's number where it measures the same thing."""
-    entry = table_row(record, row)
+    entry = table_row(record)
     parts = []
     if "retrieval" in record:
         paper = entry["paper"] if entry["paper"] and len(entry["paper"]) == 6 else None
@@ -109,76 +110,79 @@ def format_record(record: dict, row) -> str:
 
 # The rows in the order of the paper's Table 2, then Table 1.
 ROW_ORDER = ("random", "centre", "vgg_channel_mean", "untrained", "npair_word", "npair_phrase", "triplet")
-_RUNNER_FLAGS = {"rows", "runs_dir", "out_json", "run_dir", "row_name", "paper_results"}
-# Flags that only choose what a trained model is evaluated on: rows differing only in them share one run.
-_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol", "pointing_counting", "row_metric"}
+# The flags of the table runner (and absl's --flagfile): not passed to the rows.
+RUNNER_FLAGS = ("rows", "runs_dir", "resume", "out_json", "flagfile")
+# Flags that only choose what a trained model is evaluated on, or label it: rows differing only
+# in them share one trained model.
+_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol", "pointing_counting", "row_metric",
+                    "paper_results", "row_name", "run_dir", "out_json"}
 
 
-def _row_configs(f) -> list[pathlib.Path]:
-    if f.rows == ["all"]:
-        def order(cfg):
-            table, key = cfg.stem.split("_", 2)[1:]
-            return (table != "table2", ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER), key)
-        return sorted(common.CONFIG_DIR.glob("das_*.cfg"), key=order)
-    return [common.resolve_config(name) for name in f.rows]
+def select_rows(rows) -> list[pathlib.Path]:
+    """--rows: names or paths, or 'all' (every das_*.cfg: Table 2 in the paper's order, then Table 1)."""
+    configs = table_runner.select_rows(rows, pattern="das_*.cfg")
+    if list(rows) != ["all"]:
+        return configs
+
+    def order(cfg):
+        table, key = cfg.stem.split("_", 2)[1:]
+        return (table != "table2", ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER), key)
+    return sorted(configs, key=order)
 
 
-def _training_key(row) -> tuple:
-    typed = common.typed_flags(row)
-    return tuple(sorted((k, str(v)) for k, v in typed.items() if k not in _EVALUATION_ONLY | _RUNNER_FLAGS))
-
-
-def run_rows(f, define_flags: Callable[[flags.FlagValues], None], run_row: Callable[[flags.FlagValues], dict]) -> dict:
-    """Runs the rows of `--rows` and prints Table 2 (pointing) and Table 1 (retrieval).
-
-    `define_flags` defines a row's flags; `run_row(row flags)` runs one row and returns its
-    record. Rows that differ only in what is evaluated (parse mode, protocol) share one trained
-    model; a row whose run folder already holds results with the same flags is not run again,
-    so an interrupted table resumes.
-    """
-    runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs"
-    overrides = common.row_overrides(f, define_flags, _RUNNER_FLAGS)
-    trained: dict = {}
-    results = {}
+def run_rows(f, argv, define_flags: Callable[[flags.FlagValues], None],
+             run_row: Callable[[flags.FlagValues], dict]) -> dict:
+    """Runs the rows of `f.rows` (each its flagfile + the flags of `argv` that are not
+    `RUNNER_FLAGS`; `run_row(row flags)` runs one, `define_flags` defines them) through
+    `tf_twobranch.table_runner` and prints Table 2 (pointing) and Table 1 (retrieval). A row
+    whose metric the dataset cannot give is marked not computed."""
+    runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else table_runner.default_runs_dir()
+    overrides = common.runner_arguments(argv, RUNNER_FLAGS)     # the flags typed here go to every row
+    configs = select_rows(f.rows)
     start = time.time()
-    for cfg in _row_configs(f):
-        row = common.parse_flagfile(define_flags, str(cfg), overrides)
-        key = _training_key(row)
-        row.run_dir = str(runs_dir / cfg.stem)
+
+    def parse(cfg, arguments):
+        row = common.parse_flagfile(define_flags, str(cfg), arguments)
         recipe = NPairRecipe.from_flags(row)
         source, layout = npair.dataset_layout(recipe)
-        reason = npair.uncomputable_metric(recipe, layout, source)
-        if reason:
-            # The table says which row is missing and why; nothing is trained for it.
-            print(f"--- {cfg.name}: not computed: {reason}", flush=True)
-            results[cfg.stem] = {"name": row.row_name, "metrics": {}, "not_computed": reason,
-                                 "paper": common.paper_numbers(row.paper_results),
-                                 "paper_dataset": row.paper_dataset, "paper_protocol": row.paper_protocol,
-                                 "run_dir": None}
-            continue
-        path = pathlib.Path(row.run_dir) / "results.json"
-        previous = read_json_object(path, "N-pair run record") if path.is_file() else None
-        if (previous and previous.get("typed_flags") == common.typed_flags(row)
-                and "test_split_fingerprint" in previous):
-            record = previous
-            print(f"--- {cfg.name}: finished before ({row.run_dir})", flush=True)
-        elif key in trained:
-            record = dict(trained[key])
-            record.update(row=row.row_name, paper=common.paper_numbers(row.paper_results),
-                          paper_dataset=row.paper_dataset, paper_protocol=row.paper_protocol,
-                          shared_with=trained[key]["row"])
-            if row.protocol not in record["retrieval"]:
-                raise common.UserInputError(f"{cfg.name}: protocol {row.protocol} was not evaluated by the "
-                                            f"shared run {trained[key]['row']}")
-            record.update(protocol=row.protocol, random_baseline=record["random_baselines"][row.protocol])
-            npair.summary(record, recipe)
-            print(f"--- {cfg.name}: {row.row_name}: the model of {trained[key]['row']}", flush=True)
-        else:
-            print(f"--- {cfg.name}: {row.row_name}", flush=True)
-            record = run_row(row)
-        if record.get("row_kind") in ("model", "untrained") and key not in trained:
-            trained[key] = record
-        results[cfg.stem] = table_row(record, row)
+        return row, recipe, source, npair.uncomputable_metric(recipe, layout, source)
+
+    def run_one(cfg, arguments):
+        row, recipe, source, reason = parse(cfg, arguments)
+        if not reason:
+            return run_row(row)
+        # The table says which row is missing and why; nothing is trained for it.
+        print(f"--- {cfg.name}: not computed: {reason}", flush=True)
+        return {"row": row.row_name, "name": row.row_name, "metrics": {}, "not_computed": reason,
+                "paper": common.paper_numbers(row.paper_results), "paper_dataset": row.paper_dataset,
+                "paper_protocol": row.paper_protocol, "dataset": str(source), "run_dir": None}
+
+    def training(cfg, arguments):
+        row, recipe, _, reason = parse(cfg, arguments)
+        if reason or recipe.row_kind not in ("model", "untrained"):
+            return None
+        return tuple(sorted((k, str(v)) for k, v in common.typed_flags(row).items()
+                            if k not in _EVALUATION_ONLY and k not in RUNNER_FLAGS))
+
+    def share(cfg, arguments, first):
+        row, recipe, _, _ = parse(cfg, arguments)
+        if row.protocol not in first["retrieval"]:
+            raise common.UserInputError(f"{cfg.name}: protocol {row.protocol} was not evaluated by the "
+                                        f"shared run {first['row']}")
+        record = {**first, "row": row.row_name, "paper": common.paper_numbers(row.paper_results),
+                  "paper_dataset": row.paper_dataset, "paper_protocol": row.paper_protocol,
+                  "shared_with": first["row"], "trained_in": first.get("trained_in") or first["run_dir"],
+                  "run_dir": row.run_dir, "protocol": row.protocol,
+                  "random_baseline": first["random_baselines"][row.protocol],
+                  "recipe": {**first["recipe"], **{k: getattr(recipe, k) for k in _EVALUATION_ONLY}}}
+        npair.summary(record, recipe)
+        if common.is_chief():
+            common.write_json(pathlib.Path(row.run_dir) / "results.json", record)
+        return record
+
+    records = table_runner.run_table(configs, run_one, overrides=overrides, runs_dir=runs_dir, resume=f.resume,
+                                     share_key=training, share=share, is_chief=common.is_chief)
+    results = {cfg.stem: r if r.get("not_computed") else table_row(r) for cfg, r in zip(configs, records)}
     dataset = str(load_embedded_dataset()) if not f.dataset_dir else f.dataset_dir
     out = {"rows": results, "seconds": time.time() - start}
     table2 = [r for stem, r in results.items() if stem.startswith("das_table2_")]
@@ -190,4 +194,16 @@ def run_rows(f, define_flags: Callable[[flags.FlagValues], None], run_row: Calla
         out["table1"] = format_table1(table1, dataset)
         print(out["table1"])
     common.write_json(f.out_json or runs_dir / "das_tables.json", out)
+    trained = [r for r in records if r.get("row_kind") in ("model", "untrained")]
+    if trained:
+        print(follow_up(trained[-1]))
     return out
+
+
+def follow_up(record: dict) -> str:
+    """What to run next on a trained row's run folder (draw_heat_maps, load_run)."""
+    run_dir = record.get("trained_in") or record["run_dir"]
+    if record.get("row_kind") not in ("model", "untrained"):
+        return table_runner.next_command(run_dir, load_run=False)
+    return table_runner.next_command(
+        run_dir, f"python -m experiments.draw_heat_maps --run_dir={run_dir} --out_dir=figures --image_index=0,1,2")

@@ -75,24 +75,57 @@ def test_mil_row_trains_two_stages_evaluates_and_reloads(mil_run):
 
 
 def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_dataset, tmp_path, capsys):
-    f = common.parse_flagfile(fe.define_flags, "/dev/null", [
-        f"--dataset_dir={tiny_dataset}", *TINY, f"--runs_dir={tmp_path}", "--table=2",
-        "--rows=karpathy_table2_random_ranking,karpathy_table2_devise", "--epochs=2", "--noexport"])
-    out = fe.run_rows(f)
+    argv = ["prog", f"--dataset_dir={tiny_dataset}", *TINY, f"--runs_dir={tmp_path}", "--table=all",
+            "--rows=karpathy_table2_random_ranking,karpathy_table2_devise,karpathy_table3_devise",
+            "--epochs=2", "--noexport"]
+    f = common.parse_flagfile(fe.define_flags, "/dev/null", argv[1:])
+    out = fe.run_rows(f, argv)
     printed = capsys.readouterr().out
     assert "Random Ranking" in printed and "DeViSE" in printed
     # 15 test images are not the paper's Flickr8K 1K split: its numbers are not printed beside them.
     assert "(paper)" not in printed and "protocol flickr8k_1k) are not shown beside a full result" in printed
     rows = out["rows"]
-    assert set(rows) == {"karpathy_table2_random_ranking", "karpathy_table2_devise"}
+    assert set(rows) == {"karpathy_table2_random_ranking", "karpathy_table2_devise", "karpathy_table3_devise"}
     chance = rows["karpathy_table2_random_ranking"]["metrics"]
     assert chance["i2t_r1"] < 40 and chance["t2i_r1"] < 40      # 15 images: R@1 chance is 1/15
     _check_metrics(rows["karpathy_table2_devise"]["metrics"])
-    assert json.loads((tmp_path / "karpathy_tables.json").read_text())["table2"].startswith("Karpathy")
+    saved = json.loads((tmp_path / "karpathy_tables.json").read_text())
+    assert saved["table2"].startswith("Karpathy") and saved["table3"].startswith("Karpathy")
+    # One run-folder rule: <runs_dir>/<flagfile stem>; the flags typed here reach every row.
+    for stem in rows:
+        assert rows[stem]["run_dir"] == str(tmp_path / stem)
+        record = json.loads((tmp_path / stem / "results.json").read_text())
+        assert record["typed_flags"]["epochs"] == 2 and record["typed_flags"]["embed_dim"] == 16, stem
+    # The Table 3 twin (only the paper's labels differ) shares the Table 2 model: not trained again.
+    twin = json.loads((tmp_path / "karpathy_table3_devise" / "results.json").read_text())
+    assert twin["shared_with"] == "DeViSE" and twin["trained_in"] == str(tmp_path / "karpathy_table2_devise")
+    assert twin["paper_dataset"] == "Flickr30K" and rows["karpathy_table3_devise"]["paper"][0] == 4.5
+    assert not (tmp_path / "karpathy_table3_devise" / "stage1").exists()
+    assert (tmp_path / "karpathy_table2_devise" / "stage1").is_dir()
+    assert "Next:" in printed
     # Run again: every row is found finished in its folder and not trained again.
-    again = fe.run_rows(f)
-    assert capsys.readouterr().out.count("finished before") == 2
+    from tf_twobranch import table_runner
+    calls = []
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(fe, "run_recipe", lambda *a, **k: calls.append(a) or pytest.fail("trained again"))
+    try:
+        again = fe.run_rows(f, argv)
+    finally:
+        monkey.undo()
+    assert capsys.readouterr().out.count("finished earlier") == 3 and not calls
     assert again["rows"] == out["rows"]
+    assert table_runner.finished_record(tmp_path / "karpathy_table2_devise",
+                                        json.loads((tmp_path / "karpathy_table2_devise" / "table_row.json")
+                                                   .read_text())["arguments"])
+
+
+def test_a_single_flagfile_run_uses_the_run_folder_rule(tiny_dataset, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TF_TWOBRANCH_RUNS", str(tmp_path))
+    cfg = str(common.resolve_config("karpathy_table2_random_ranking"))
+    f = common.parse_flagfile(fe.define_flags, cfg, [f"--dataset_dir={tiny_dataset}", *TINY])
+    record = fe.run(f, flagfile=cfg)
+    assert record["run_dir"] == str(tmp_path / "karpathy_table2_random_ranking")
+    assert (tmp_path / "karpathy_table2_random_ranking" / "results.json").is_file()
 
 
 def test_fine_tuned_cnn_trains_the_top_layer_in_the_second_stage_only(tiny_dataset, tmp_path):

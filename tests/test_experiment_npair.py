@@ -39,14 +39,15 @@ def tiny_tables(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     f = flags.FlagValues()
     exp.define_flags(f)
-    f(["prog", f"--dataset_dir={dataset}", *TINY, "--rows=das_table2_random,das_table2_centre,"
-       "das_table2_vgg_channel_mean,das_table2_untrained,das_table2_npair_word,das_table2_npair_phrase,"
-       "das_table1_flickr30k", f"--runs_dir={runs}", "--noexport"])
-    return dataset, runs, exp.run_rows(f)
+    argv = ["prog", f"--dataset_dir={dataset}", *TINY, "--rows=das_table2_random,das_table2_centre,"
+            "das_table2_vgg_channel_mean,das_table2_untrained,das_table2_npair_word,das_table2_npair_phrase,"
+            "das_table1_flickr30k", f"--runs_dir={runs}", "--noexport"]
+    f(argv)
+    return dataset, runs, exp.run_rows(f, argv), (f, argv)
 
 
 def test_runner_prints_table2_and_table1_and_shares_one_model(tiny_tables):
-    _, runs, out = tiny_tables
+    _, runs, out, _ = tiny_tables
     rows = out["rows"]
     assert "Table 2" in out["table2"] and "Table 1" in out["table1"]
     for stem in ("das_table2_random", "das_table2_centre", "das_table2_npair_word", "das_table2_npair_phrase"):
@@ -69,13 +70,28 @@ def test_runner_prints_table2_and_table1_and_shares_one_model(tiny_tables):
     # The untrained model is evaluated like the trained one: retrieval near chance.
     untrained = json.loads((runs / "das_table2_untrained" / "results.json").read_text())
     assert untrained["history"] == {} and "folds_100" in untrained["retrieval"]
+    # One run-folder rule (<runs_dir>/<flagfile stem>), and the flags typed here reached every row.
+    for stem, row in rows.items():
+        assert row["run_dir"] == str(runs / stem), stem
+        record = json.loads((runs / stem / "results.json").read_text())
+        assert record["recipe"]["embed_dim"] == 8 and record["recipe"]["batch_size"] == 16, stem
+    shared = json.loads((runs / "das_table1_flickr30k" / "results.json").read_text())
+    assert shared["shared_with"] == word["row"] and shared["trained_in"] == str(runs / "das_table2_npair_word")
+
+
+def test_a_second_run_of_the_table_reuses_every_row(tiny_tables, monkeypatch, capsys):
+    _, runs, out, (f, argv) = tiny_tables
+    monkeypatch.setattr(exp, "run", lambda *a, **k: pytest.fail("a finished row was run again"))
+    again = exp.run_rows(f, argv)
+    assert capsys.readouterr().out.count("finished earlier") == 7
+    assert again["rows"] == out["rows"] and again["table2"] == out["table2"] and again["table1"] == out["table1"]
 
 
 def test_load_run_loads_an_npair_row(tiny_tables):
     # load_run alone gives the trained model back, with the run's test maps (tests/test_npair_family_contract.py
     # checks that its evaluate gives results.json's metrics).
     from tf_twobranch.runs import load_run
-    _, runs, _ = tiny_tables
+    _, runs, _, _ = tiny_tables
     run = load_run(runs / "das_table2_npair_word")
     split = run.evaluation_split()
     assert run.model.config.embed_dim == 8 and len(split.image) == len(split.image_ids) == 100
@@ -83,7 +99,7 @@ def test_load_run_loads_an_npair_row(tiny_tables):
 
 def test_heat_map_pictures_from_the_run_folder(tiny_tables, tmp_path):
     from experiments import draw_heat_maps
-    _, runs, _ = tiny_tables
+    _, runs, _, _ = tiny_tables
     paths = draw_heat_maps.draw(runs / "das_table2_npair_word", tmp_path, [0, 1], parse_mode="phrase")
     assert len(paths) == 2 and all(pathlib.Path(p).stat().st_size > 5000 for p in paths)
     with pytest.raises(common.UserInputError, match="no results.json"):

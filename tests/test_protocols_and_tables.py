@@ -152,8 +152,6 @@ def test_missing_paper_cells_print_as_a_dash_and_json_holds_null():
 
 
 def test_fragment_and_npair_single_rows_print_a_table_with_protocol_chance_and_paper():
-    from absl import flags
-
     from experiments import fragment_embeddings, npair_localization
     record = {"row": "Our model", "protocol": "full", "num_eval_images": 1000, "num_eval_captions": 5000,
               "paper": [8.3, 21.6, 30.3, 25, 6.0, 17.5, None, 46], "paper_dataset": "Flickr8K",
@@ -163,15 +161,13 @@ def test_fragment_and_npair_single_rows_print_a_table_with_protocol_chance_and_p
     assert "chance (random embeddings, same protocol)" in text and "–" in text
     small = fragment_embeddings.format_record({**record, "num_eval_images": 100, "num_eval_captions": 500})
     assert "(paper)" not in small                             # 100 images are not Flickr8K's 1K
-    f = flags.FlagValues()
-    npair_localization.define_flags(f)
-    f(["row", "--row_name=N-pair", "--paper_results=47.0,77.0,92.9,27.9,65.9,81.0",
-        "--paper_protocol=folds_100", "--paper_dataset=MSCOCO"])
     npair = {"row": "N-pair", "dataset": "/d", "protocol": "folds_100", "test_split_fingerprint": "sha256:b",
+             "paper": [47.0, 77.0, 92.9, 27.9, 65.9, 81.0], "paper_protocol": "folds_100", "paper_dataset": "MSCOCO",
+             "recipe": {"parse_mode": "word"},
              "num_eval_images": 1000, "num_eval_captions": 5000, "metrics": _metrics(30.0, 10),
              "retrieval": {"folds_100": _metrics(30.0, 10)}, "random_baseline": _metrics(1.0),
              "pointing_not_computed": "/d has no Flickr30K Entities Sentences/ and Annotations/ folders"}
-    text = npair_localization.format_record(npair, f)
+    text = npair_localization.format_record(npair)
     assert "protocol folds_100: mean (± std) of 10 folds of 100 images of the 1000 test images" in text
     assert "(paper: MSCOCO)" in text and "47.0" in text and "chance (random embeddings" in text
     assert "pointing game not computed" in text
@@ -211,9 +207,10 @@ def test_das_table_run_marks_pointing_rows_not_computed(no_entities_dataset, mon
     monkeypatch.setattr(pipeline, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
     f = flags.FlagValues()
     exp.define_flags(f)
-    f(["prog", f"--dataset_dir={no_entities_dataset}", "--rows=das_table2_random,das_table2_npair_word",
-       f"--runs_dir={tmp_path}", "--noexport"])
-    out = exp.run_rows(f)
+    argv = ["prog", f"--dataset_dir={no_entities_dataset}", "--rows=das_table2_random,das_table2_npair_word",
+            f"--runs_dir={tmp_path}", "--noexport"]
+    f(argv)
+    out = exp.run_rows(f, argv)
     for stem in ("das_table2_random", "das_table2_npair_word"):
         assert "Sentences/ and Annotations/" in out["rows"][stem]["not_computed"]
     line = next(x for x in out["table2"].splitlines() if x.startswith("Proposed method - N-pair loss (word"))

@@ -1,6 +1,7 @@
-"""The README's command sequences of the two-branch and dual-path families (issue 24, item 6).
+"""The README's command sequences (issue 24, item 6).
 
 Every run folder a README command names (``draw_localization --saved_model/--run_dir``,
+``draw_fragments`` and ``draw_heat_maps --run_dir``,
 ``saved_model_cli --dir``, the notebook's and the dual path's ``load_run``) must be made by a
 command above it, under the one run-folder rule (`tf_twobranch.table_runner.run_folder`).
 
@@ -30,7 +31,8 @@ from tf_twobranch import table_runner
 REPO = table_runner.REPO_ROOT
 README = REPO / "README.md"
 OWNED = ("retrieval_table", "image_sentence_retrieval", "phrase_localization", "instance_loss",
-         "combined_retrieval", "draw_localization")
+         "combined_retrieval", "draw_localization", "fragment_embeddings", "draw_fragments",
+         "npair_localization", "draw_heat_maps")
 RUN_PATH = re.compile(r"runs/[A-Za-z0-9_./-]+")
 
 
@@ -97,6 +99,18 @@ def folders_made(command: str) -> set[str]:
     elif module in ("image_sentence_retrieval", "phrase_localization", "instance_loss") and _flag(command, "flagfile"):
         made |= row(_flag(command, "flagfile"), "--noexport" not in command,
                     ("stage1", "stage2") if module == "instance_loss" else ())
+    elif module == "fragment_embeddings" and _flag(command, "rows"):
+        from experiments.fragment_tables import select_rows
+        for cfg in select_rows(_flag(command, "rows").split(","), _flag(command, "table") or "all"):
+            made |= row(cfg, False)     # a Table 3 twin shares its Table 2 row's model and stages
+    elif module == "fragment_embeddings" and _flag(command, "flagfile"):
+        made |= row(_flag(command, "flagfile"), "--noexport" not in command, ("stage1", "stage2"))
+    elif module == "npair_localization" and _flag(command, "rows"):
+        from experiments.npair_tables import select_rows
+        for cfg in select_rows(_flag(command, "rows").split(",")):
+            made |= row(cfg, False)     # a row sharing another's model has no checkpoints of its own
+    elif module == "npair_localization" and _flag(command, "flagfile"):
+        made |= row(_flag(command, "flagfile"), "--noexport" not in command)
     elif module == "combined_retrieval":
         made |= {str(table_runner.run_folder(runs, _flag(command, "flagfile")))}
     return made
@@ -107,7 +121,7 @@ def folders_named(command: str) -> list[str]:
     if command.startswith("load_run "):
         return [command.split(" ", 1)[1]]
     module = _module(command)
-    if command.startswith("saved_model_cli") or module in ("draw_localization",) or \
+    if command.startswith("saved_model_cli") or module in ("draw_localization", "draw_fragments", "draw_heat_maps") or \
             ("load_run(" in command and module is None):
         return [p.rstrip("'\")") for p in RUN_PATH.findall(command)]
     return []
@@ -125,8 +139,6 @@ def test_readme_follow_up_commands_name_folders_made_above_them():
     made: set[str] = set()
     for section, command in readme_commands():
         for folder in folders_named(command):
-            if folder.startswith(("runs/karpathy", "runs/das_")):
-                continue   # the fragment and N-pair families (converted separately)
             assert folder.rstrip("/") in made, f"README, {section}: {command!r} names {folder}, which no " \
                                                f"command above it makes (made: {sorted(made)})"
         made |= folders_made(command)

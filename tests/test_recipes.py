@@ -109,6 +109,41 @@ def test_an_interrupted_table_resumes_with_the_finished_rows_reused(tmp_path):
     assert len(calls) == 5
 
 
+def test_rows_of_one_share_key_share_the_first_run_and_resume(tmp_path):
+    configs = [common.CONFIG_DIR / f"{stem}.cfg" for stem in
+               ("karpathy_table2_devise", "karpathy_table3_devise", "karpathy_table2_bow")]
+    calls = []
+
+    def write(cfg, arguments, record):
+        run_dir = pathlib.Path(arguments[-1].split("=", 1)[1])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "results.json").write_text(json.dumps(record))
+        return record
+
+    def run_row(cfg, arguments):
+        calls.append(("run", cfg.stem))
+        return write(cfg, arguments, {"row": cfg.stem, "trained_by": cfg.stem})
+
+    def share(cfg, arguments, first):
+        calls.append(("share", cfg.stem))
+        return write(cfg, arguments, {**first, "row": cfg.stem})
+
+    kw = dict(runs_dir=tmp_path, share=share, share_key=lambda cfg, arguments: cfg.stem.split("_", 2)[2])
+    records = table_runner.run_table(configs, run_row, **kw)
+    assert calls == [("run", "karpathy_table2_devise"), ("share", "karpathy_table3_devise"),
+                     ("run", "karpathy_table2_bow")]
+    assert [(r["row"], r["trained_by"]) for r in records] == [
+        ("karpathy_table2_devise", "karpathy_table2_devise"), ("karpathy_table3_devise", "karpathy_table2_devise"),
+        ("karpathy_table2_bow", "karpathy_table2_bow")]
+    assert all((tmp_path / c.stem / table_runner.ROW_RECORD).is_file() for c in configs)
+    # Again: every row (the sharing one too) is reused from its own folder.
+    assert table_runner.run_table(configs, run_row, **kw) == records and len(calls) == 3
+    # A twin that must run again shares the reused first row's record.
+    (tmp_path / "karpathy_table3_devise" / "results.json").unlink()
+    table_runner.run_table(configs[:2], run_row, **kw)
+    assert calls[3:] == [("share", "karpathy_table3_devise")]
+
+
 def test_dataset_from_flags_checks_the_folder_and_cuts_splits(tmp_path):
     missing = tmp_path / "no_such"
     with pytest.raises(UserInputError, match=f"--dataset_dir={missing}: dataset folder does not exist"):

@@ -20,13 +20,19 @@ API (no absl flags here; the experiments parse their flags and call it)::
     overrides = table_runner.row_arguments(argv, runner_flags)          # flags for every row
     records = table_runner.run_table(
         configs, run_row, overrides=overrides, runs_dir=runs_dir,       # run_row(cfg, args) -> record
-        extra_arguments=lambda cfg: [...], resume=True, announce=print_row)
+        extra_arguments=lambda cfg: [...], resume=True, announce=print_row,
+        share_key=None, share=None)                                     # rows sharing one run
 
 `run_row(cfg, arguments)` parses ``cfg`` with ``arguments`` (which end with
 ``--run_dir=<run_folder(runs_dir, cfg)>``) and runs the row, returning its
-record (written by the row to ``<run_dir>/results.json``). The fragment and
-N-pair experiments switch to it by passing their own `run_row` (parse the
-flagfile into their recipe, run it) and their table printer.
+record (written by the row to ``<run_dir>/results.json``).
+
+**Rows sharing one run** (the fragment tables' Table 2/3 twins, the N-pair rows that differ
+only in what is evaluated): with `share_key(cfg, arguments) -> key` (None: the row shares
+nothing), the first row of a key is run (or reused) as usual, and each later row of the same
+key gets `share(cfg, arguments, first_record) -> record` instead of `run_row`: the row's record
+from its twin's (relabelled, evaluated again where it must be), which `share` writes to the
+row's ``results.json`` like `run_row` does, so that the row resumes like any other.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ import json
 import os
 import pathlib
 import re
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 from tf_twobranch import json_files
 from tf_twobranch.errors import UserInputError
@@ -135,12 +141,15 @@ def run_table(configs: Sequence[pathlib.Path], run_row: Callable[[pathlib.Path, 
               overrides: Sequence[str] = (), runs_dir=None,
               extra_arguments: Callable[[pathlib.Path], list[str]] | None = None,
               resume: bool = True, announce: Callable[[pathlib.Path, dict, bool], None] | None = None,
-              is_chief: Callable[[], bool] = lambda: True) -> list[dict]:
+              is_chief: Callable[[], bool] = lambda: True,
+              share_key: Callable[[pathlib.Path, list[str]], Hashable | None] | None = None,
+              share: Callable[[pathlib.Path, list[str], dict], dict] | None = None) -> list[dict]:
     """Runs (or, with `resume`, reuses) every row; returns their records in order.
 
     Each row gets ``[*overrides, *extra_arguments(cfg), --run_dir=<run_folder(runs_dir, cfg)>]``.
     A ``--run_dir`` among the overrides is taken as the parent folder (like `runs_dir`);
     ``--out_json`` is the table's, never a row's. `announce(cfg, record, reused)` prints a row.
+    Rows of one `share_key` share the first one's run through `share` (module docstring).
     """
     parent = runs_dir
     kept = []
@@ -149,21 +158,28 @@ def run_table(configs: Sequence[pathlib.Path], run_row: Callable[[pathlib.Path, 
             parent = parent or o.split("=", 1)[1]
         elif not o.startswith("--out_json="):
             kept.append(o)
-    records = []
+    records, shared = [], {}
     for cfg in configs:
         cfg = resolve_config(cfg)
         run_dir = run_folder(parent, cfg)
         arguments = [*kept, *(extra_arguments(cfg) if extra_arguments else []), f"--run_dir={run_dir}"]
         record = finished_record(run_dir, arguments) if resume else None
         reused = record is not None
+        key = share_key(cfg, arguments) if share_key else None
         if reused:
             print(f"\n=== {cfg.name}: finished earlier, reusing {run_dir}/results.json "
                   "(--noresume runs it again)", flush=True)
+        elif key is not None and key in shared:
+            first_cfg, first = shared[key]
+            print(f"\n=== {cfg.name}: shares the run of {first_cfg.name}", flush=True)
+            record = share(cfg, arguments, first)
         else:
             print(f"\n=== {cfg.name}", flush=True)
             record = run_row(cfg, arguments)
-            if is_chief():
-                json_files.write_json(run_dir / ROW_RECORD, {"flagfile": str(cfg), "arguments": arguments})
+        if key is not None:
+            shared.setdefault(key, (cfg, record))
+        if not reused and is_chief():
+            json_files.write_json(run_dir / ROW_RECORD, {"flagfile": str(cfg), "arguments": arguments})
         if announce:
             announce(cfg, record, reused)
         records.append(record)

@@ -126,8 +126,9 @@ class FragmentRecipe(Recipe):
     out_json: str = ""
     # The table runner.
     rows: list = dataclasses.field(default_factory=list)
-    table: str = "all"
     runs_dir: str = ""
+    resume: bool = True
+    table: str = "all"
     smoke: bool = False            # --smoke: tf_twobranch.recipes.SMOKE caps
 
 

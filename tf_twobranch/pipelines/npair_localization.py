@@ -125,6 +125,7 @@ class NPairRecipe(Recipe):
     # The table runner (--rows).
     rows: tuple[str, ...] = ()
     runs_dir: str = ""
+    resume: bool = True
     smoke: bool = False            # --smoke: tf_twobranch.recipes.SMOKE caps
 
 
