@@ -41,7 +41,7 @@ from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
                                                     load_fragment_config)
 from tf_twobranch.cli import split_paths
-from tf_twobranch.recipes import Recipe
+from tf_twobranch.recipes import RunRecipe
 from tf_twobranch.table_runner import slug
 from tf_twobranch.runs import Run, _config_folder, run_results, run_weights
 
@@ -50,7 +50,7 @@ __all__ = ["FragmentRecipe", "FragmentData", "load_data", "build_config", "image
 
 
 @dataclasses.dataclass
-class FragmentRecipe(Recipe):
+class FragmentRecipe(RunRecipe):
     """One row of Karpathy et al.'s tables: the experiment's flags (see their help there)."""
 
     # Data.
@@ -109,27 +109,12 @@ class FragmentRecipe(Recipe):
     mil_start: str = "paper"
     init_from: str = ""
     paper_dataset: str = "Flickr8K"
-    # Run: distribution, seed, output, table row.
-    strategy: str = "default"
-    precision: str = "float32"
-    jit_compile: bool = False
-    run_eagerly: bool = False
-    seed: int = 0
-    backup_every_steps: int = 0
-    deterministic: bool = False
-    export: bool = True
-    verbose: int = 1
-    run_dir: str = ""
-    row_name: str = ""
-    paper_results: str = ""
-    paper_protocol: str = ""
-    out_json: str = ""
+    # Run: distribution, seed, output (common.define_run_flags), --smoke: inherited from RunRecipe.
     # The table runner.
     rows: list = dataclasses.field(default_factory=list)
     runs_dir: str = ""
     resume: bool = True
     table: str = "all"
-    smoke: bool = False            # --smoke: tf_twobranch.recipes.SMOKE caps
 
 
 class FragmentData(NamedTuple):

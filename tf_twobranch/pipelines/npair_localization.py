@@ -47,7 +47,7 @@ from tf_twobranch.json_files import read_json_object
 from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
 from tf_twobranch.models.npair_localization import (NPairEvaluationSplit, NPairLocalizationConfig,
                                                     build_npair_model, headline_metrics, load_npair_config)
-from tf_twobranch.recipes import Recipe
+from tf_twobranch.recipes import RunRecipe
 from tf_twobranch.runs import Run, run_weights
 
 __all__ = ["ROW_KINDS", "BASELINE_KINDS", "NPairRecipe", "NPairData", "dataset_layout", "reported_metric",
@@ -59,7 +59,7 @@ BASELINE_KINDS = ("random_point", "centre_point", "channel_mean")
 
 
 @dataclasses.dataclass
-class NPairRecipe(Recipe):
+class NPairRecipe(RunRecipe):
     """One row of the N-pair experiment: every flag of ``experiments.npair_localization``, by name,
     with its default (the flags' help says what each means). List flags are tuples."""
 
@@ -107,26 +107,11 @@ class NPairRecipe(Recipe):
     momentum: float = 0.9
     weight_decay: float = 1e-7
     paper_dataset: str = "Flickr30K"
-    # Run (common.define_run_flags).
-    strategy: str = "default"
-    precision: str = "float32"
-    jit_compile: bool = False
-    run_eagerly: bool = False
-    seed: int = 0
-    backup_every_steps: int = 0
-    deterministic: bool = False
-    export: bool = True
-    verbose: int = 1
-    run_dir: str = ""
-    row_name: str = ""
-    paper_results: str = ""
-    paper_protocol: str = ""
-    out_json: str = ""
+    # Run: distribution, seed, output (common.define_run_flags), --smoke: inherited from RunRecipe.
     # The table runner (--rows).
     rows: tuple[str, ...] = ()
     runs_dir: str = ""
     resume: bool = True
-    smoke: bool = False            # --smoke: tf_twobranch.recipes.SMOKE caps
 
 
 # ---------------------------------------------------------------------------- data
