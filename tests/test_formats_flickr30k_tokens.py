@@ -1,5 +1,3 @@
-import time
-
 import pytest
 
 from tf_twobranch.data.corpus import CaptionCorpus
@@ -49,9 +47,8 @@ def test_missing_file(tmp_path):
 
 
 def test_real_flickr30k_token_file(realdata):
-    start = time.perf_counter()
+    # Its reading speed is a benchmark figure, not a test: a loaded machine would fail it.
     corpus = read_token_file(realdata / "flickr30k" / "captions_multi30k.token")
-    assert time.perf_counter() - start < 2.0
     assert corpus.num_captions == 155_070
     assert corpus.num_images == 31_014
     assert corpus.captions_per_image() == 5
