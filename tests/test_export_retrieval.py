@@ -40,8 +40,8 @@ def _core_ranks(model, images, texts, caption_image):
 def exported(request, tmp_path_factory):
     images, texts, caption_image = _split()
     model = _model(request.param)
-    gallery = gallery_from_model(model, images, texts, [f"img{i}" for i in range(NUM_IMAGES)],
-                                 [f"cap{c}" for c in range(len(texts))])
+    gallery = gallery_from_model(model, {"image": images, "text": texts, "caption_image": caption_image},
+                                 [f"img{i}" for i in range(NUM_IMAGES)], [f"cap{c}" for c in range(len(texts))])
     path = export_saved_model(model, tmp_path_factory.mktemp(request.param) / "export", gallery=gallery)
     return model, (images, texts, caption_image), tf.saved_model.load(str(path)), path
 
@@ -95,3 +95,52 @@ def test_gallery_is_checked():
         RetrievalGallery(["a"], np.zeros((1, 4)), ["c"], np.zeros((1, 5)))
     with pytest.raises(ConfigError, match="NaN or inf"):
         RetrievalGallery(["a"], np.full((1, 4), np.nan), ["c"], np.zeros((1, 4)))
+
+
+# ------------------------------------------------------------------ the dual path: JPEG bytes and raw captions
+
+WORDS = ["<pad>", "<unk>", "a", "red", "blue", "green", "seven", "three", "one", "two", "on", "the", "left",
+         "right", "small", "big", "digit", "and"]
+
+
+def test_dual_path_retrieve_is_the_core_ranking(tmp_path):
+    """Queries are JPEG bytes and raw captions; the gallery holds the model's evaluation embeddings."""
+    import io
+
+    from PIL import Image
+
+    from tf_twobranch.data.text_codes import encode_captions
+    from tf_twobranch.export.dual_path import export_dual_path
+    from tf_twobranch.features.scene_cnn import build_scene_cnn, save_scene_cnn
+    from tf_twobranch.models.dual_path import DualPathConfig, build_dual_path_model
+
+    _, extractor = build_scene_cnn(32, 10, feature_dim=32, widths=(8, 8, 16, 16))
+    save_scene_cnn(extractor, tmp_path / "scene_cnn.keras")
+    model = build_dual_path_model(DualPathConfig(
+        vocabulary_size=len(WORDS), num_classes=4, image_size=32, text_width=4, text_blocks=(1, 1, 1, 1),
+        max_len=12, word_dim=16, hidden_dim=32, embed_dim=32, image_backbone="scene_cnn",
+        image_weights=str(tmp_path / "scene_cnn.keras")))
+    randomize_weights(model, seed=5)
+    rng = np.random.default_rng(0)
+    jpegs = []
+    for _ in range(8):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)).save(out, format="JPEG")
+        jpegs.append(out.getvalue())
+    captions = [" ".join(rng.choice(WORDS[2:], size=rng.integers(2, 7))) for _ in range(24)]
+    caption_image = np.repeat(np.arange(8), 3)
+    codes = np.zeros((len(captions), 12), np.int32)
+    for i, c in enumerate(encode_captions(captions, WORDS)):
+        codes[i, :len(c)] = c
+    pixels = serving.decode_jpeg_batch(tf.constant(jpegs), 32, "image_jpeg").numpy()
+    split = {"image": pixels, "text": codes, "caption_image": caption_image}
+    gallery = gallery_from_model(model, split, [f"img{i}" for i in range(8)], [f"cap{c}" for c in range(24)])
+    path = export_dual_path(model, WORDS, tmp_path / "export", gallery=gallery)
+    loaded = tf.saved_model.load(str(path))
+    i2t_core, t2i_core = retrieval.ranks_from_embeddings(*model.retrieval_embeddings(split), caption_image)
+    index = serving.call_signature(loaded, "retrieve_captions", image_jpeg=jpegs, k=np.int32(24))["caption_index"]
+    served_i2t = [1 + np.flatnonzero(caption_image[index.numpy()[i]] == i)[0] for i in range(8)]
+    np.testing.assert_array_equal(served_i2t, i2t_core)
+    index = serving.call_signature(loaded, "retrieve_images", captions=captions, k=np.int32(8))["image_index"]
+    np.testing.assert_array_equal(1 + np.argmax(index.numpy() == caption_image[:, None], axis=1), t2i_core)
+    serving.replay_warmup_file(path)

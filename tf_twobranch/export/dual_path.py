@@ -11,7 +11,10 @@ Signatures (validated in the graph, see `tf_twobranch.export.serving`):
   ``max_len`` known words, or with no known word, is rejected with a clear
   InvalidArgument (the training data policy is "error" by default too);
 * ``score(image_jpeg, captions)`` → ``scores`` (images × captions cosine);
-* ``serving_default`` = ``score``.
+* ``serving_default`` = ``score``;
+* with a ``gallery`` (`tf_twobranch.export.retrieval`): ``retrieve_captions``
+  (``image_jpeg``, ``k``) and ``retrieve_images`` (``captions``, ``k``) → the
+  top-k gallery ids, indices and cosine scores.
 
 Loading needs ``import tensorflow_text`` (its tokenizer ops).
 """
@@ -26,6 +29,7 @@ import tensorflow as tf
 
 from tf_twobranch.data.text_codes import TokenCoder
 from tf_twobranch.export import serving
+from tf_twobranch.export.retrieval import RetrievalGallery, add_retrieval_signatures
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.models.dual_path import DualPathModel
 from tf_twobranch.vectors import l2_normalize_rows
@@ -38,7 +42,8 @@ WARMUP_CAPTIONS = ("a red seven on the left", "two blue digits")
 class DualPathServingModule(TowerServingModule):
     """The dual-path model's image and text towers behind validated signatures."""
 
-    def __init__(self, model: DualPathModel, vocabulary: Sequence[str]):
+    def __init__(self, model: DualPathModel, vocabulary: Sequence[str],
+                 gallery: RetrievalGallery | None = None):
         super().__init__(name="dual_path_serving")
         cfg = model.config
         self.config_json = tf.Variable(json.dumps(cfg.to_dict()), trainable=False,
@@ -69,6 +74,18 @@ class DualPathServingModule(TowerServingModule):
         self.embed_images = embed_images
         self.embed_texts = embed_texts
         self.score = score
+        self.has_gallery = gallery is not None
+        if gallery is not None:
+            add_retrieval_signatures(
+                self, gallery, image_spec=serving.jpeg_batch_spec("image_jpeg"),
+                text_spec=serving.string_batch_spec("captions"), embed_image=self._image,
+                embed_text=self._text, pair_scores=lambda a, b: tf.matmul(a, b, transpose_b=True))
+
+    def signatures(self) -> dict:
+        out = super().signatures()
+        if self.has_gallery:
+            out.update(retrieve_captions=self.retrieve_captions, retrieve_images=self.retrieve_images)
+        return out
 
     def _image(self, jpeg):
         pixels = serving.decode_jpeg_batch(jpeg, self.image_size, "image_jpeg")
@@ -103,14 +120,20 @@ class DualPathServingModule(TowerServingModule):
         texts = [" ".join(known), known[0]]
         images = [warmup_jpeg(self.image_size, self.image_size)] * 2
         both = {"image_jpeg": images, "captions": texts}
-        return [("embed_images", {"image_jpeg": images}), ("embed_texts", {"captions": texts}),
-                ("score", both), ("serving_default", both)]
+        requests = [("embed_images", {"image_jpeg": images}), ("embed_texts", {"captions": texts}),
+                    ("score", both), ("serving_default", both)]
+        if self.has_gallery:
+            requests += [("retrieve_captions", {"image_jpeg": images, "k": np.int32(1)}),
+                         ("retrieve_images", {"captions": texts, "k": np.int32(1)})]
+        return requests
 
 
 def export_dual_path(model: DualPathModel, vocabulary: Sequence[str], export_dir, *,
-                     run_config: dict | None = None, resize_to: int | None = None) -> pathlib.Path:
-    """Writes the serving SavedModel (with warm-up file and run config) atomically."""
-    module = DualPathServingModule(model, vocabulary)
+                     run_config: dict | None = None, resize_to: int | None = None,
+                     gallery: RetrievalGallery | None = None) -> pathlib.Path:
+    """Writes the serving SavedModel (with warm-up file and run config) atomically; with a
+    `gallery` (`export.retrieval.gallery_from_model`) it also serves ``retrieve_*``."""
+    module = DualPathServingModule(model, vocabulary, gallery)
     config = {**(run_config or {}), "vocabulary": list(vocabulary),
               "test_image": "whole image resized to image_size, averaged with its flip"}
     if resize_to is not None:

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
+from tf_twobranch.models.evaluation_input import as_evaluation_split
 
 __all__ = ["RetrievalGallery", "gallery_from_model", "add_retrieval_signatures", "K_SPEC"]
 
@@ -58,13 +59,17 @@ class RetrievalGallery:
                               f"{np.shape(self.image_embeddings)[1]} vs {np.shape(self.caption_embeddings)[1]}")
 
 
-def gallery_from_model(model, images, texts, image_ids: Sequence[str], caption_ids: Sequence[str],
-                       batch_size: int = 1024) -> RetrievalGallery:
-    """A gallery embedded by `model` (its ``embed_images`` / ``embed_texts``) from model inputs,
-    e.g. an `EvaluationSplit`'s ``image`` and ``text``."""
-    return RetrievalGallery(
-        [str(i) for i in image_ids], np.asarray(model.embed_images(images, batch_size=batch_size), np.float32),
-        [str(c) for c in caption_ids], np.asarray(model.embed_texts(texts, batch_size=batch_size), np.float32))
+def gallery_from_model(model, split, image_ids: Sequence[str], caption_ids: Sequence[str]) -> RetrievalGallery:
+    """A gallery embedded by `model` exactly as its ``evaluate`` embeds `split` (an
+    `EvaluationSplit`, or a dict with ``image``, ``text`` and ``caption_image``): the tower
+    outputs of a two-branch model, the L2-normalised (flip-averaged) embeddings of a dual path."""
+    split = as_evaluation_split(split)
+    if hasattr(model, "retrieval_embeddings"):       # the dual path: normalised, flip-averaged
+        images, texts = model.retrieval_embeddings(split)
+    else:
+        images, texts = model.embed_images(split.image), model.embed_texts(split.text)
+    return RetrievalGallery([str(i) for i in image_ids], np.asarray(images, np.float32),
+                            [str(c) for c in caption_ids], np.asarray(texts, np.float32))
 
 
 def _top_k(scores, k, ids, what: str) -> tuple:
