@@ -181,13 +181,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 def recipe_from_flags(f) -> tuple[FragmentRecipe, dict]:
     """The row's recipe (its flags' values, the embedded profile applied) and the flags the user typed."""
     typed = common.typed_flags(f)
-    applied = common.apply_embedded_profile(f, EMBEDDED_PROFILE)
-    if applied:
-        logging.info("embedded dataset: using its profile defaults %s", applied)
-    recipe, smoke = common.apply_smoke(FragmentRecipe.from_flags(f), "fragment_embedding")
-    if smoke:
-        logging.info("--smoke: %s", smoke)
-    return recipe, typed
+    return common.prepare_recipe(FragmentRecipe.from_flags(f), typed, EMBEDDED_PROFILE, "fragment_embedding")[0], typed
 
 
 def run(f, flagfile: str | None = None) -> dict:

@@ -150,13 +150,7 @@ def recipe_from_flags(fv: flags.FlagValues) -> tuple[NPairRecipe, dict]:
     """The row's recipe from its parsed flags (the embedded profile's values where the user typed
     none and gave no --dataset_dir), and the flags the user typed (results.json "typed_flags")."""
     typed = common.typed_flags(fv)
-    applied = common.apply_embedded_profile(fv, EMBEDDED_PROFILE)
-    if applied:
-        logging.info("embedded dataset: using its profile defaults %s", applied)
-    recipe, smoke = common.apply_smoke(NPairRecipe.from_flags(fv), "npair_localization")
-    if smoke:
-        logging.info("--smoke: %s", smoke)
-    return recipe, typed
+    return common.prepare_recipe(NPairRecipe.from_flags(fv), typed, EMBEDDED_PROFILE, "npair_localization")[0], typed
 
 
 def _train(recipe: NPairRecipe, typed: dict, data: npair.NPairData, model, config, strategy,

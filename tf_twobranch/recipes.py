@@ -55,8 +55,19 @@ class Recipe:
 
     @classmethod
     def from_flags(cls: type[R], fv) -> R:
-        """The recipe of parsed flags (an absl FlagValues, or anything indexable by flag name)."""
-        return cls.from_dict({name: fv[name].value for name in cls.field_names()})
+        """The recipe of parsed flags (`fv`: absl FlagValues, or any mapping-like with `fv[name].value`).
+
+        Every field must be a flag of `fv`; list flags are copied (a list for a field whose
+        default is a tuple becomes a tuple, as in `from_dict`).
+        """
+        missing = sorted(n for n in cls.flag_names() if n not in fv)
+        if missing:
+            raise ValueError(f"{cls.__name__}: no flag for the fields {missing}")
+        values = {}
+        for name in cls.field_names():
+            value = fv[name].value
+            values[name] = list(value) if isinstance(value, (list, tuple)) else value
+        return cls.from_dict(values)
 
     @classmethod
     def from_record(cls: type[R], record: dict, where: str = "the run record") -> R:
@@ -97,18 +108,8 @@ class RunRecipe(Recipe):
 
 
 def from_flags(cls: type[R], fv) -> R:
-    """The recipe of parsed flags (`fv`: absl FlagValues, or any mapping-like with `fv[name].value`).
-
-    Every field must be a flag of `fv`; list flags become lists (copied).
-    """
-    missing = sorted(n for n in cls.flag_names() if n not in fv)
-    if missing:
-        raise ValueError(f"{cls.__name__}: no flag for the fields {missing}")
-    values = {}
-    for name in cls.flag_names():
-        value = fv[name].value
-        values[name] = list(value) if isinstance(value, (list, tuple)) else value
-    return cls(**values)
+    """`cls.from_flags(fv)` (`Recipe.from_flags`)."""
+    return cls.from_flags(fv)
 
 
 def typed_flags(fv) -> dict:
@@ -132,6 +133,20 @@ def apply_profile(recipe: R, typed: Mapping[str, Any], profile: Mapping[str, Any
         return recipe, {}
     applied = {k: v for k, v in profile.items() if k not in typed}
     return dataclasses.replace(recipe, **applied), applied
+
+
+def prepare_recipe(recipe: R, typed: Mapping[str, Any], profile: Mapping[str, Any],
+                   family: str) -> tuple[R, dict]:
+    """The row's recipe with the embedded profile (`apply_profile`) and then --smoke
+    (`apply_smoke`) applied, each logged; returns it and what the two changed."""
+    from absl import logging
+    recipe, applied = apply_profile(recipe, typed, profile)
+    if applied:
+        logging.info("embedded dataset: using its profile defaults %s", applied)
+    recipe, smoke = apply_smoke(recipe, family)
+    if smoke:
+        logging.info("--smoke: %s", smoke)
+    return recipe, {**applied, **smoke}
 
 
 # --------------------------------------------------------------------------- --smoke

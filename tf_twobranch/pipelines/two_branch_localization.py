@@ -10,7 +10,6 @@ import pathlib
 import time
 
 import numpy as np
-from absl import logging
 
 from tf_twobranch import distribute, json_files, table_runner
 from tf_twobranch.baselines.cca import CCABaseline
@@ -24,7 +23,7 @@ from tf_twobranch.features.prepare_regions import (RegionFeatureSpec, phrase_loc
                                                    prepare_phrase_localization)
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.pipelines.shared import is_chief, run_record, setup_training, train_config, write_results
-from tf_twobranch.recipes import RunRecipe, apply_profile, apply_smoke
+from tf_twobranch.recipes import RunRecipe, prepare_recipe
 from tf_twobranch.sampling import phrase_localization as sampling
 from tf_twobranch.tables import paper_numbers
 from tf_twobranch.training import trainer
@@ -96,13 +95,7 @@ class LocalizationRecipe(RunRecipe):
 
 def prepare(r, typed: dict | None = None):
     """(the recipe with the embedded profile and --smoke applied, what they changed)."""
-    r, applied = apply_profile(r, typed or {}, EMBEDDED_PROFILE)
-    if applied:
-        logging.info("embedded dataset: using its profile defaults %s", applied)
-    r, smoke = apply_smoke(r, FAMILY)
-    if smoke:
-        logging.info("--smoke: %s", smoke)
-    return r, {**applied, **smoke}
+    return prepare_recipe(r, typed or {}, EMBEDDED_PROFILE, FAMILY)
 
 
 def feature_spec(r):

@@ -24,7 +24,7 @@ from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_feature
 from tf_twobranch.losses.ranking import check_top_k_fits_batch
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.pipelines.shared import is_chief, run_record, setup_training, train_config, write_results
-from tf_twobranch.recipes import RunRecipe, apply_profile, apply_smoke
+from tf_twobranch.recipes import RunRecipe, prepare_recipe
 from tf_twobranch.runs import record_feature_split
 from tf_twobranch.sampling import image_sentence as sampling
 from tf_twobranch.tables import (format_retrieval_table, paper_beside, paper_numbers,
@@ -106,13 +106,7 @@ def dataset_layout(r):
 
 def prepare(r, typed: dict | None = None):
     """(the recipe with the embedded profile and --smoke applied, what they changed)."""
-    r, applied = apply_profile(r, typed or {}, EMBEDDED_PROFILE)
-    if applied:
-        logging.info("embedded dataset: using its profile defaults %s", applied)
-    r, smoke = apply_smoke(r, FAMILY)
-    if smoke:
-        logging.info("--smoke: %s", smoke)
-    return r, {**applied, **smoke}
+    return prepare_recipe(r, typed or {}, EMBEDDED_PROFILE, FAMILY)
 
 
 def load_data(r):
