@@ -91,11 +91,11 @@ import tensorflow as tf
 from tf_twobranch import distribute, losses
 from tf_twobranch.batching import in_batches, unpack_batch
 from tf_twobranch.checkpoints import load_checkpoint
-from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
-from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
+from tf_twobranch.models.evaluation_input import as_evaluation_split, keras_loss_evaluation
 from tf_twobranch.vectors import l2_normalize_rows
 
 __all__ = ["DualPathConfig", "DualPathModel", "PaddingMaskedEmbedding", "build_image_cnn",
@@ -632,10 +632,9 @@ class DualPathModel(keras.Model):
         validation data), this is Keras' `evaluate`: the loss terms of
         `test_step`.
         """
-        if isinstance(x, tf.data.Dataset):
-            kwargs.setdefault("return_dict", True)
-            return super().evaluate(x, y, **kwargs)
-        reject_unused_arguments(kwargs, type(self).__name__)
+        loss_terms = keras_loss_evaluation(self, x, y, kwargs)
+        if loss_terms is not None:
+            return loss_terms
         split = as_evaluation_split(x, protocol)
         image_embeds, text_embeds = self.retrieval_embeddings(split, batch_size=batch_size,
                                                               flip_average=flip_average)

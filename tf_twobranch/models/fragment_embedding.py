@@ -45,11 +45,11 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.batching import unpack_batch
-from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.evaluation.fragment_retrieval import evaluate_fragment_retrieval
 from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
-from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
+from tf_twobranch.models.evaluation_input import as_evaluation_split, keras_loss_evaluation
 from tf_twobranch.losses import fragment as fragment_losses
 from tf_twobranch.sampling.fragment_batches import padded_sentence_arrays
 
@@ -290,10 +290,9 @@ class FragmentEmbeddingModel(keras.Model):
         (`FragmentEmbeddingConfig.score_options`). A `tf.data.Dataset` of
         training batches gives Keras' loss evaluation instead.
         """
-        if isinstance(x, tf.data.Dataset):
-            kwargs.setdefault("return_dict", True)
-            return super().evaluate(x, y, **kwargs)
-        reject_unused_arguments(kwargs, type(self).__name__)
+        loss_terms = keras_loss_evaluation(self, x, y, kwargs)
+        if loss_terms is not None:
+            return loss_terms
         split = as_evaluation_split(x, protocol)
         if split.caption_of_row is not None or split.image_class is not None:
             raise UserInputError("caption_of_row / image_class are dual-path evaluation inputs; "

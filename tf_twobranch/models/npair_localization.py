@@ -46,12 +46,12 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
-from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import localization_maps
 from tf_twobranch.evaluation.localization_retrieval import evaluate_localization_retrieval
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
-from tf_twobranch.models.evaluation_input import reject_unused_arguments
+from tf_twobranch.models.evaluation_input import keras_loss_evaluation
 from tf_twobranch.losses import npair as npair_losses
 from tf_twobranch.losses import localization_volume as volume
 
@@ -276,10 +276,9 @@ class NPairLocalizationModel(keras.Model):
         S(I, T) under `protocol` (default: the split's), and ``pointing_accuracy`` in the split's
         parse mode where it has Entities phrases — the ``metrics`` of the run's results.json.
         A `tf.data.Dataset` of training batches gives Keras' loss evaluation instead."""
-        if isinstance(x, tf.data.Dataset):
-            kwargs.setdefault("return_dict", True)
-            return super().evaluate(x, y, **kwargs)
-        reject_unused_arguments(kwargs, type(self).__name__)
+        loss_terms = keras_loss_evaluation(self, x, y, kwargs)
+        if loss_terms is not None:
+            return loss_terms
         protocol = protocol or getattr(x, "protocol", None) or "full"
         results = self.evaluation_results(x, protocols=[protocol], work_dir=work_dir)
         return headline_metrics(results, protocol, x.parse_mode)

@@ -26,7 +26,7 @@ from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.models.base import ModelConfig, save_model_config
 from tf_twobranch.models.branches import BRANCH_LAYOUTS, build_feature_branch
-from tf_twobranch.models.evaluation_input import as_evaluation_split, reject_unused_arguments
+from tf_twobranch.models.evaluation_input import as_evaluation_split, keras_loss_evaluation
 from tf_twobranch.models.text_towers import build_lstm_text_tower
 
 MODEL_KINDS = ("embedding", "similarity")
@@ -333,10 +333,9 @@ class TwoBranchModel(keras.Model):
         `tf.data.Dataset` of training batches gives Keras' loss evaluation
         instead.
         """
-        if isinstance(x, tf.data.Dataset):
-            kwargs.setdefault("return_dict", True)
-            return super().evaluate(x, y, **kwargs)
-        reject_unused_arguments(kwargs, type(self).__name__)
+        loss_terms = keras_loss_evaluation(self, x, y, kwargs)
+        if loss_terms is not None:
+            return loss_terms
         split = as_evaluation_split(x, protocol)
         if split.caption_of_row is not None or split.image_class is not None:
             raise UserInputError("caption_of_row / image_class are dual-path evaluation inputs; "
