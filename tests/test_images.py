@@ -105,3 +105,54 @@ def test_tf_decode_and_ten_crops(tmp_path):
     np.testing.assert_allclose(crops, images.ten_crops(image, 12, 20).astype(np.float32), atol=1e-3)
     with pytest.raises(tf.errors.InvalidArgumentError, match="bad.jpg: cannot decode"):
         tf_decode_image(tf.constant(b"garbage bytes"), name="bad.jpg")
+
+
+# Sizes that exercise every branch of PIL's resampling: shrinking (the filter
+# widened, antialiasing), enlarging, one side kept, odd ratios, one-pixel sides,
+# and both pass orders (Pillow 13 starts with the vertical pass when the height
+# shrinks by more than twice the width's pixels).
+PIL_RESIZE_CASES = [((20, 20), (12, 12)), ((37, 53), (256, 256)), ((375, 500), (110, 110)),
+                    ((96, 96), (96, 40)), ((5, 3), (17, 29)), ((1, 9), (4, 1)), ((64, 48), (63, 49)),
+                    ((333, 201), (224, 224)), ((107, 44), (9, 13)), ((105, 65), (68, 97)),
+                    ((65, 54), (22, 27)), ((36, 85), (7, 34))]
+
+
+@pytest.mark.parametrize("size, target", PIL_RESIZE_CASES)
+def test_tf_pil_resize_is_bit_exact_to_pil(size, target):
+    rng = np.random.default_rng(sum(size) + sum(target))
+    image = rng.integers(0, 256, size=(*size, 3), dtype=np.uint8)
+    expected = images.resize(image, *target)
+    np.testing.assert_array_equal(images.tf_pil_resize(image, *target).numpy(), expected)
+
+
+def test_tf_pil_resize_on_real_jpegs_and_in_a_graph(realdata):
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string), tf.TensorSpec([2], tf.int32)])
+    def decode_and_resize(jpeg, size):
+        return images.tf_pil_resize(tf_decode_image(jpeg), size[0], size[1])
+
+    paths = sorted((realdata / "flickr30k").rglob("*.jpg"))[:3]
+    assert paths, "no Flickr30K JPEGs in the real-data samples"
+    for path in paths:
+        image = images.load_image(path)
+        for target in ((256, 256), (96, 96), (image.shape[0], 224)):
+            served = decode_and_resize(tf.constant(path.read_bytes()), tf.constant(target)).numpy()
+            np.testing.assert_array_equal(served, images.resize(image, *target), err_msg=f"{path.name} {target}")
+        crops = images.tf_ten_crops(tf_decode_image(tf.constant(path.read_bytes())), 224, 256).numpy()
+        np.testing.assert_array_equal(crops, images.ten_crops(image, 224, 256).astype(np.float32))
+
+
+def test_tf_pil_resize_takes_uint8_only():
+    with pytest.raises(ConfigError, match="uint8"):
+        images.tf_pil_resize(np.zeros((4, 4, 3), np.float32), 2, 2)
+
+
+def test_tf_pil_resize_random_size_sweep():
+    rng = np.random.default_rng(13)
+    for _ in range(60):
+        height, width, new_height, new_width = (int(v) for v in rng.integers(1, 70, size=4))
+        image = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        np.testing.assert_array_equal(images.tf_pil_resize(image, new_height, new_width).numpy(),
+                                      images.resize(image, new_height, new_width),
+                                      err_msg=f"{height}x{width} -> {new_height}x{new_width}")

@@ -5,8 +5,12 @@ Two implementations of the same geometry:
 * NumPy/PIL (`load_image`, `resize`, `ten_crops`, `center_crop`) for the
   feature extractors, which read files one by one and validate them so that a
   bad file is reported as a `DataFormatError` naming it;
-* TensorFlow (`tf_ten_crops`) for `tf.data` pipelines; images are decoded
-  in TensorFlow by `tf_twobranch.image_decoding.tf_decode_image`.
+* TensorFlow (`tf_pil_resize`, `tf_ten_crops`) for graphs (`tf.data`
+  pipelines, SavedModels); images are decoded in TensorFlow by
+  `tf_twobranch.image_decoding.tf_decode_image` (pixels equal PIL's), and
+  `tf_pil_resize` is bit-exact to PIL's bilinear resize of uint8 images, so a
+  SavedModel that takes JPEG bytes sees exactly the pixels the NumPy/PIL
+  feature extractors saw.
 
 `load_images_at_size` loads a folder's worth of images (of any sizes) into
 one square uint8 array, for the networks trained on stacked images (the
@@ -25,6 +29,7 @@ import os
 from typing import Sequence
 
 import numpy as np
+import PIL
 import tensorflow as tf
 from absl import logging
 from PIL import Image
@@ -41,6 +46,7 @@ __all__ = [
     "center_crop",
     "crop_offsets",
     "ten_crops",
+    "tf_pil_resize",
     "tf_ten_crops",
 ]
 
@@ -196,11 +202,100 @@ def ten_crops(image: np.ndarray, crop_size: int = 224, resize_to: int = 256) -> 
 # TensorFlow versions for tf.data pipelines.
 
 
+# PIL's fixed-point resampling: coefficients scaled by 2**22, the sum started at
+# half a unit so that the shift rounds, the result clipped to 0..255.
+_PIL_PRECISION_BITS = 22
+
+
+def _pil_bilinear_coefficients(in_size, out_size):
+    """(out_size, in_size) float64 matrix of PIL's fixed-point bilinear weights.
+
+    The rule of Pillow's ``precompute_coeffs`` + ``normalize_coeffs_8bpc``
+    (libImaging/Resample.c): output pixel o covers input pixels
+    [xmin, xmax) around centre (o + 0.5)·scale with the triangle filter
+    widened by the scale when shrinking (antialiasing); weights are divided
+    by their sum (accumulated left to right, as PIL does: a cumulative sum,
+    whose last column is the sequential sum) and rounded to integers of
+    2**22. Every entry is an integer, so a float64 matmul of uint8 pixels by
+    this matrix is exact.
+    """
+    in_f = tf.cast(in_size, tf.float64)
+    scale = in_f / tf.cast(out_size, tf.float64)
+    filterscale = tf.maximum(scale, 1.0)
+    support = filterscale                       # the bilinear filter's support is 1
+    center = (tf.range(out_size, dtype=tf.float64) + 0.5) * scale
+    # C casts truncate; negative starts are clipped to 0 anyway, so floor is the same.
+    xmin = tf.maximum(tf.floor(center - support + 0.5), 0.0)
+    xmax = tf.minimum(tf.floor(center + support + 0.5), in_f)
+    x = tf.range(in_size, dtype=tf.float64)[tf.newaxis, :]
+    inside = (x >= xmin[:, tf.newaxis]) & (x < xmax[:, tf.newaxis])
+    distance = tf.abs((x - center[:, tf.newaxis] + 0.5) * (1.0 / filterscale))
+    weights = tf.where(inside & (distance < 1.0), 1.0 - distance, tf.zeros_like(distance))
+    total = tf.math.cumsum(weights, axis=1)[:, -1:]
+    weights = tf.where(total != 0.0, weights / tf.where(total != 0.0, total, 1.0), weights)
+    return tf.floor(0.5 + weights * float(1 << _PIL_PRECISION_BITS))
+
+
+def _pil_pass(image, coefficients, axis: int):
+    """One PIL 8-bit resampling pass along `axis` (0 rows, 1 columns) of an (H, W, C) float64 image."""
+    equation = "hwc,ow->hoc" if axis == 1 else "hwc,oh->owc"
+    total = tf.einsum(equation, image, coefficients) + float(1 << (_PIL_PRECISION_BITS - 1))
+    return tf.clip_by_value(tf.floor(total / float(1 << _PIL_PRECISION_BITS)), 0.0, 255.0)
+
+
+def _pillow_picks_pass_order() -> bool:
+    """Pillow 13 runs the vertical pass first when the height shrinks by more than twice
+    the width's shrink (libImaging/Resample.c, ``horizontal_first``); older Pillows always
+    start with the horizontal pass. The passes round in between, so the order shows."""
+    return int(PIL.__version__.split(".")[0]) >= 13
+
+
+def tf_pil_resize(image, height, width):
+    """Resizes a uint8 (H, W, C) image to (height, width, C) exactly as PIL's bilinear resize.
+
+    Bit-exact to ``Image.fromarray(image).resize((width, height), Image.BILINEAR)``
+    (`resize` on uint8 images) with the installed Pillow: two fixed-point
+    passes, each rounded to uint8 and skipped when that side keeps its size,
+    in Pillow's order (the horizontal pass first, except — Pillow >= 13 —
+    when the height shrinks by more than twice as many pixels as the width).
+    `height` and `width` may be tensors.
+
+    Returns:
+      uint8 tensor (height, width, C).
+    """
+    image = tf.convert_to_tensor(image)
+    if image.dtype != tf.uint8:
+        raise ConfigError(f"tf_pil_resize takes uint8 images, got {image.dtype.name}")
+    height = tf.convert_to_tensor(height, tf.int32)
+    width = tf.convert_to_tensor(width, tf.int32)
+    shape = tf.shape(image)
+    pixels = tf.cast(image, tf.float64)
+
+    def horizontal(x):
+        return tf.cond(tf.equal(tf.shape(x)[1], width), lambda: x,
+                       lambda: _pil_pass(x, _pil_bilinear_coefficients(tf.shape(x)[1], width), axis=1))
+
+    def vertical(x):
+        return tf.cond(tf.equal(tf.shape(x)[0], height), lambda: x,
+                       lambda: _pil_pass(x, _pil_bilinear_coefficients(tf.shape(x)[0], height), axis=0))
+
+    if _pillow_picks_pass_order():
+        shrink_h, shrink_w = shape[0] - height, shape[1] - width
+        vertical_first = (shrink_h > 0) & (shrink_h > 2 * shrink_w)
+        pixels = tf.cond(vertical_first, lambda: horizontal(vertical(pixels)),
+                         lambda: vertical(horizontal(pixels)))
+    else:
+        pixels = vertical(horizontal(pixels))
+    return tf.cast(pixels, tf.uint8)
+
+
 def tf_ten_crops(image, crop_size: int = 224, resize_to: int = 256):
     """TensorFlow version of `ten_crops` for one (H, W, 3) image tensor.
 
-    The resize uses bilinear filtering with antialiasing, so values differ
-    slightly from the PIL version; the geometry and crop order are the same.
+    A uint8 image is resized by `tf_pil_resize`, so the crops equal
+    `ten_crops`' exactly; other dtypes are resized by TensorFlow's
+    antialiased bilinear filter (values differ slightly from PIL's float
+    resize; the geometry and crop order are the same).
 
     Returns:
       float32 tensor (10, crop_size, crop_size, 3) in CROP_NAMES order, values
@@ -208,8 +303,12 @@ def tf_ten_crops(image, crop_size: int = 224, resize_to: int = 256):
     """
     if crop_size < 1 or resize_to < crop_size:
         raise ConfigError(f"need 1 <= crop_size <= resize_to, got crop_size={crop_size}, resize_to={resize_to}")
-    image = tf.cast(image, tf.float32)
-    resized = tf.image.resize(image, [resize_to, resize_to], method="bilinear", antialias=True)
+    image = tf.convert_to_tensor(image)
+    if image.dtype == tf.uint8:
+        resized = tf.cast(tf_pil_resize(image, resize_to, resize_to), tf.float32)
+    else:
+        resized = tf.image.resize(tf.cast(image, tf.float32), [resize_to, resize_to],
+                                  method="bilinear", antialias=True)
     crops = [resized[t:t + crop_size, l:l + crop_size, :] for t, l in crop_offsets(resize_to, crop_size)]
     crops = tf.stack(crops, axis=0)
     return tf.concat([crops, tf.reverse(crops, axis=[2])], axis=0)
