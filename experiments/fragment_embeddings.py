@@ -259,6 +259,7 @@ def run_recipe(r: FragmentRecipe, typed: dict | None = None, flagfile: str | Non
                                  "run_dir": str(stage_dir)})
     record["metrics"] = record["stages"][-1]["metrics"]
     record["random_baseline"] = random_metrics
+    record["grounding"] = pipeline.grounding(r, data, model)
     if r.export and config.representation == "fragments" and common.is_chief():
         record["export_dir"] = str(export_fragment_model(
             model, run_dir / "export", relations=text.relations, words=text.word_vectors.words,

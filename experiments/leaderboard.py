@@ -10,12 +10,14 @@ ranking, CCA, the two-branch embedding network (full model) and similarity
 network, the dual-path CNN (Stage II), deep fragment embeddings († + MIL) and
 N-pair localization through their experiments' own entry (`define_flags`,
 `run`) on their paper flagfiles, every retrieval run under protocol "full" on
-the dataset's test split; grounding comes from the N-pair run (pointing game)
-and the two-branch region–phrase runs of experiments.phrase_localization
-(R@1 at IoU 0.5). Prints one table (mean ± std over seeds) and writes
-leaderboard.{json,csv,png,txt} in --out_dir. Rows measured on another split
-or protocol are listed apart, never in the table; rows a folder cannot serve
-are listed with the reason. The table logic lives in tf_twobranch/leaderboard.py.
+the dataset's test split; grounding (the pointing game for every localizer, box
+R@1 at IoU 0.5 for the box rankers, on the same Entities phrases) comes from the
+N-pair and fragment runs and the two-branch region–phrase runs of
+experiments.phrase_localization (on every test image). Prints one table
+(mean ± std over seeds) and writes leaderboard.{json,csv,png,txt} in --out_dir.
+Rows measured on another split or protocol, and grounding on other phrases, are
+listed apart, never in the table; rows a folder cannot serve are listed with
+the reason. The table logic lives in tf_twobranch/leaderboard.py.
 """
 from __future__ import annotations
 
@@ -87,7 +89,8 @@ def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f)
     arguments = lb.run_arguments(run, embedded=not f.dataset_dir and f.reduced_epochs,
                                  dataset_dir=f.dataset_dir, seed=seed, run_dir=run_dir, extra=extra)
     if f.skip_existing:
-        finished = lb.finished_run(run_dir, arguments)
+        finished = lb.finished_run(run_dir, arguments, needs_grounding=system.localizes and (
+            run is system.grounding or system.grounding is None))
         if finished:
             print(f"  {run.flagfile} (seed {seed}): reused {run_dir}", flush=True)
             return finished

@@ -39,6 +39,7 @@ from experiments import common, npair_tables
 from experiments.npair_tables import format_record
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.data.phrases import phrase_fingerprint
 from tf_twobranch.evaluation import localization_maps, retrieval
 from tf_twobranch.features.prepare_npair import phrase_parsed_captions, split_images
 from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
@@ -223,7 +224,8 @@ def run_recipe(recipe: NPairRecipe, typed: dict | None = None, flagfile: str | N
               "paper_protocol": recipe.paper_protocol, "row_metric": npair.reported_metric(recipe),
               "num_train_images": data.splits["train"].num_images, "num_eval_images": evaluation.num_images,
               "num_eval_captions": evaluation.num_captions, **common.split_record(protocol, evaluation),
-              "num_pointing_queries": None if queries is None else len(queries)}
+              "num_pointing_queries": None if queries is None else len(queries),
+              "phrase_fingerprint": None if queries is None else phrase_fingerprint(queries)}
     if queries is None:
         record["pointing_not_computed"] = (f"{source} has no Flickr30K Entities Sentences/ and Annotations/ "
                                            "folders: retrieval only")

@@ -62,6 +62,10 @@ def test_mil_row_trains_two_stages_evaluates_and_reloads(mil_run):
     _check_metrics(record["metrics"])
     assert record["num_eval_images"] == 15 and record["num_eval_captions"] == 75
     assert record["fragments"]["relation_types_after_filter"] >= 5
+    # Grounding of the test phrases through the best-aligned image fragment (evaluation.grounding).
+    grounding = record["grounding"]
+    assert grounding["rule"] == "best_fragment" and grounding["num_phrases"] > 0
+    assert 0 <= grounding["pointing_accuracy"] <= 100 and 0 <= grounding["box_r1"] <= grounding["box_upper_bound"]
     written = json.loads((run_dir / "results.json").read_text())
     assert_comparable_record(written)
     assert written["metrics"] == record["metrics"]

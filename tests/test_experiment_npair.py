@@ -2,7 +2,6 @@
 import json
 import pathlib
 
-import numpy as np
 import pytest
 from absl import flags
 
@@ -65,6 +64,11 @@ def test_runner_prints_table2_and_table1_and_shares_one_model(tiny_tables):
     assert set(word["pointing"]) == {"word", "phrase"}
     assert rows["das_table2_npair_phrase"]["metrics"]["pointing_accuracy"] == phrase["pointing"]["phrase"]["accuracy"]
     assert rows["das_table2_npair_word"]["metrics"]["pointing_accuracy"] == word["pointing"]["word"]["accuracy"]
+    # Every row's grounding summary (evaluation.grounding) is over the same phrases, by its own point rule.
+    centre = json.loads((runs / "das_table2_centre" / "results.json").read_text())
+    assert {r["grounding"]["phrase_fingerprint"] for r in (word, phrase, centre)} == {word["phrase_fingerprint"]}
+    assert (word["grounding"]["rule"], centre["grounding"]["rule"]) == ("heat_map", "centre_point")
+    assert word["grounding"]["pointing_accuracy"] == word["metrics"]["pointing_accuracy"]
     table1 = rows["das_table1_flickr30k"]["metrics"]
     assert table1["rsum"] == word["retrieval"]["folds_100"]["rsum"]
     # The untrained model is evaluated like the trained one: retrieval near chance.

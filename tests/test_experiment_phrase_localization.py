@@ -112,6 +112,12 @@ def test_cca_row_runs(tiny_dataset, tmp_path):
     record = _run("table1_a_cca", tiny_dataset, tmp_path / "run")
     _check_metrics(record["metrics"])
     _beats_random_scores(record)
+    # Grounding (evaluation.grounding): the pointing game of the top proposal's centre on the
+    # same phrases as R@K, whose R@1 is the box R@1.
+    grounding = record["grounding"]
+    assert grounding["rule"] == "top_proposal" and grounding["num_phrases"] == record["num_test_phrases"]
+    assert grounding["box_r1"] == record["metrics"]["r1"] and 0 <= grounding["pointing_accuracy"] <= 100
+    assert grounding["pointing"]["trials"] == record["num_test_phrases"]
 
 
 @pytest.mark.slow

@@ -6,10 +6,11 @@ import pytest
 from absl import flags
 
 from experiments import leaderboard as exp
+from tf_twobranch import json_files
 from tf_twobranch import leaderboard as lb
 from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.evaluation import retrieval
+from tf_twobranch.evaluation import pointing_game, retrieval
 
 # Tiny sizes per experiment (the generated folder is a --dataset_dir: no embedded profile applies).
 ROW_FLAGS = [
@@ -44,11 +45,11 @@ def tiny(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     argv = [f"--dataset_dir={dataset}", "--seeds=1", f"--runs_dir={runs}", "--skip_existing",
             *(f"--row_flag={r}" for r in ROW_FLAGS)]
-    return argv, exp.run_leaderboard(_flags(*argv))
+    return argv, exp.run_leaderboard(_flags(*argv)), dataset
 
 
 def test_every_system_on_one_split_with_grounding_and_files(tiny):
-    _, result = tiny
+    _, result, dataset = tiny
     board, table = result["board"], result["table"]
     rows = {r["key"]: r for r in board["rows"]}
     assert list(rows) == list(lb.SYSTEM_KEYS)
@@ -59,12 +60,22 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     assert len({r["test_split_fingerprint"] for r in rows.values()}) == 1
     assert board["split"]["test_split_fingerprint"].startswith("sha256:") and not board["apart"]
     assert board["split"]["num_test_images"] == 15
-    # Grounding: pointing for the N-pair heat maps, box R@1 for the two-branch region runs.
-    assert rows["npair"]["cells"]["pointing"] is not None and rows["npair"]["cells"]["box_r1"] is None
-    for key in ("cca", "embedding", "similarity"):
-        assert rows[key]["cells"]["box_r1"] is not None
-    for key in ("random", "dual_path", "fragments"):
-        assert rows[key]["grounding_unavailable"]
+    # Grounding: every localizing system has a pointing cell, on the same phrases (one phrase
+    # fingerprint: every Entities test phrase with a box); the box rankers also have box R@1.
+    localizers = [s.key for s in lb.SYSTEMS if s.localizes]
+    assert localizers == ["cca", "embedding", "similarity", "fragments", "npair"]
+    for key in localizers:
+        assert rows[key]["cells"]["pointing"] is not None, (key, rows[key].get("grounding_unavailable"))
+    for key in ("cca", "embedding", "similarity", "fragments"):
+        assert rows[key]["cells"]["box_r1"] is not None, key
+    assert rows["npair"]["cells"]["box_r1"] is None
+    assert rows["fragments"]["grounding_rule"] == "best_fragment" and rows["cca"]["grounding_rule"] == "top_proposal"
+    phrases = board["phrases"]
+    assert {rows[k]["grounding_fingerprint"] for k in localizers} == {phrases["phrase_fingerprint"]}
+    assert phrases["num_phrases"] == len(pointing_game.pointing_queries(dataset, dataset / "test.txt"))
+    assert not board["grounding_apart"]
+    for key in ("random", "dual_path"):
+        assert rows[key]["grounding_unavailable"] and rows[key]["cells"]["pointing"] is None
     assert rows["embedding"]["cells"]["params"]["mean"] > 0 and rows["embedding"]["cells"]["train_s"]["mean"] > 0
     assert rows["cca"]["cells"]["params"]["mean"] > 0
     # Files.
@@ -75,11 +86,12 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     assert len(csv_lines) == 1 + len(lb.SYSTEM_KEYS) and "test_split_fingerprint" in csv_lines[0]
     with open(files["png"], "rb") as png:
         assert png.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert "pointing game" in table and "protocol full" in table
+    assert lb.GROUNDING_RULE in table and "protocol full" in table
+    assert f"grounding phrases: {phrases['num_phrases']} (phrase fingerprint {phrases['phrase_fingerprint']})" in table
 
 
 def test_random_ranking_sits_at_chance(tiny):
-    _, result = tiny
+    _, result, _ = tiny
     row = next(r for r in result["board"]["rows"] if r["key"] == "random")
     n_images, n_captions = 15, 75
     caption_image = np.repeat(np.arange(n_images), n_captions // n_images)
@@ -95,7 +107,7 @@ def test_second_invocation_reuses_every_run(tiny, monkeypatch):
     from tf_twobranch.baselines.cca import CCABaseline
     from tf_twobranch.training import trainer
 
-    argv, first = tiny
+    argv, first, _ = tiny
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
     monkeypatch.setattr(trainer, "train", no_training)
@@ -142,3 +154,43 @@ def test_bad_row_flags_and_systems_are_clear_errors(tmp_path):
         exp.run_leaderboard(_flags("--systems=cca,nope", f"--runs_dir={tmp_path}"))
     with pytest.raises(UserInputError, match="does not exist"):
         exp.run_leaderboard(_flags(f"--dataset_dir={tmp_path / 'missing'}"))
+
+
+def _grounded(fingerprint, pointing, box_r1=None, phrases=10):
+    summary = {"phrase_fingerprint": fingerprint, "num_phrases": phrases, "rule": "heat_map",
+               "pointing_accuracy": pointing, "pointing": {"accuracy": pointing}}
+    return summary if box_r1 is None else {**summary, "box_r1": box_r1}
+
+
+def test_grounding_on_other_phrases_is_listed_apart_and_the_rule_is_stated():
+    record = _record("sha256:a", 60.0)
+    cost = {"params": 10, "train_s": 1.0, "eval_s": 0.5}
+    board = lb.assemble({
+        "cca": [{**_run(record), "grounding": {"record": {"grounding": _grounded("sha256:p", 40.0, 50.0)},
+                                               "cost": cost, "reused": False}}],
+        "similarity": [{**_run(record), "grounding": {"record": {"metrics": {"r1": 30.0}}, "cost": cost,
+                                                      "reused": False}}],
+        "fragments": [_run({**record, "grounding": _grounded("sha256:p", 20.0, 10.0)})],
+        "npair": [_run({**record, "grounding": _grounded("sha256:q", 15.0, phrases=12)})],
+        "dual_path": [_run(record)]})
+    rows = {r["key"]: r for r in board["rows"]}
+    assert board["phrases"] == {"phrase_fingerprint": "sha256:p", "num_phrases": 10}
+    assert rows["cca"]["cells"]["box_r1"]["mean"] == 50.0 and rows["fragments"]["cells"]["pointing"]["mean"] == 20.0
+    assert [a["key"] for a in board["grounding_apart"]] == ["npair"]
+    assert rows["npair"]["cells"]["pointing"] is None and "other phrases" in rows["npair"]["grounding_unavailable"]
+    # A record without a grounding summary (an older run) says so; a system that cannot localize says why.
+    assert rows["similarity"]["cells"]["box_r1"] is None and "no grounding summary" in rows["similarity"][
+        "grounding_unavailable"]
+    assert rows["dual_path"]["grounding_unavailable"] == next(s for s in lb.SYSTEMS if s.key == "dual_path").no_grounding
+    table = lb.format_table(board, dataset="d", seeds=[0])
+    assert lb.GROUNDING_RULE in table and "grounding phrases: 10 (phrase fingerprint sha256:p)" in table
+    assert "NOT COMPARABLE (grounding on other phrases, not in the table): N-pair" in table
+
+
+def test_a_finished_run_without_its_grounding_is_not_reused(tmp_path):
+    lb.mark_finished(tmp_path, ["--seed=0"], lb.RowCost(params=1, train_s=1.0, eval_s=1.0))
+    json_files.write_json(tmp_path / "results.json", _record("sha256:a", 60.0))
+    assert lb.finished_run(tmp_path, ["--seed=0"]) is not None
+    assert lb.finished_run(tmp_path, ["--seed=0"], needs_grounding=True) is None
+    json_files.write_json(tmp_path / "results.json", {**_record("sha256:a", 60.0), "grounding": _grounded("p", 1.0)})
+    assert lb.finished_run(tmp_path, ["--seed=0"], needs_grounding=True) is not None

@@ -5,8 +5,9 @@ experiments' public entry (`define_flags`, `run`) and hands their results
 records here. This module holds what is not an experiment: which rows make
 the leaderboard (`SYSTEMS`), what a row costs (`measure_row`: parameters,
 time in training and in evaluation), reusing a finished run
-(`finished_run`), the comparability check (rows are put in one table only
-when their protocol and test-split fingerprint agree), mean ± std over
+(`finished_run`), the comparability checks (rows are put in one table only
+when their protocol and test-split fingerprint agree; grounding cells only when
+their phrase fingerprint agrees), mean ± std over
 seeds, the table, and the JSON / CSV / PNG files. It defines no flags and
 imports no experiment.
 
@@ -14,7 +15,7 @@ Every metric comes from the records, i.e. from the one evaluation core
 (`tf_twobranch/evaluation/`): retrieval R@K and median rank
 (`evaluation/retrieval.py`), phrase localization R@1 at IoU >= 0.5
 (`evaluation/phrase_localization.py`), the pointing game
-(`evaluation/pointing_game.py`).
+(`evaluation/pointing_game.py`), gathered per record by `evaluation/grounding.py`.
 """
 from __future__ import annotations
 
@@ -37,10 +38,17 @@ COLUMNS = {"i2t_r1": "I2T R@1", "i2t_r5": "R@5", "i2t_r10": "R@10", "i2t_medr": 
            "t2i_r1": "T2I R@1", "t2i_r5": "R@5", "t2i_r10": "R@10", "t2i_medr": "medr", "rsum": "rsum",
            "pointing": "point %", "box_r1": "box R@1", "params": "params",
            "train_s": "train s", "eval_s": "eval s"}
-GROUNDING_RULE = ("grounding on the Flickr30K Entities test phrases of the dataset: 'point %' = pointing "
-                  "game (the heat map's maximum inside a ground-truth box of the phrase, "
-                  "evaluation/pointing_game.py); 'box R@1' = R@1 at IoU >= 0.5 over the ranked proposals "
-                  "(evaluation/phrase_localization.py)")
+GROUNDING_RULE = (
+    "grounding, one rule for every system that localizes, on the same Flickr30K Entities test phrases "
+    "(the visual phrases whose chain has a box: data/phrases.phrase_examples_from_images, Plummer et "
+    "al.'s protocol; a grounding cell is put in its column only when its phrase fingerprint is the "
+    "table's): 'point %' = pointing game (evaluation/pointing_game.py: a hit when the system's point "
+    "lies in a ground-truth box of the phrase), the point being the heat map's maximum (N-pair), the "
+    "centre of the top-ranked proposal box (two-branch region-phrase models), the centre of the box of "
+    "the image fragment best aligned with the phrase (fragments: each image fragment scored by the max "
+    "over the phrase's dependency triplets of v_i.s_j; a phrase without a triplet is a miss, counted); "
+    "'box R@1' = the top-ranked box has IoU >= 0.5 with the phrase's box (evaluation/phrase_localization.py), "
+    "for the systems that rank boxes (the proposals; the fragment model's 20 image-fragment boxes)")
 # The sidecar a finished leaderboard run leaves beside its results.json.
 MARKER = "leaderboard_row.json"
 
@@ -58,7 +66,8 @@ class Run:
 @dataclasses.dataclass(frozen=True)
 class System:
     """A leaderboard line: its retrieval run and, for systems that localize phrases, the
-    run whose record gives the grounding (None: the system cannot; `no_grounding` says why)."""
+    run whose record gives the grounding (None: the retrieval run's record gives it, or, with
+    `no_grounding` saying why, the system cannot localize)."""
     key: str
     name: str
     family: str
@@ -66,34 +75,44 @@ class System:
     grounding: Run | None = None
     no_grounding: str = ""
 
+    @property
+    def localizes(self) -> bool:
+        return self.grounding is not None or not self.no_grounding
+
+    def grounding_source(self, entry: dict) -> dict | None:
+        """The run (of one seed's `entry`) whose record holds this system's grounding."""
+        if not self.localizes:
+            return None
+        return entry.get("grounding") if self.grounding is not None else entry.get("retrieval")
+
 
 # Every retrieval run is scored on the dataset's test split under protocol "full" (one gallery
 # of every test image, every caption a query): the protocol each family's experiment can
 # evaluate on any test split (fragment rows: full|first_caption; N-pair: its Table 1 default
-# folds_100 is replaced). Exports are skipped (not part of the comparison).
+# folds_100 is replaced). Exports are skipped (not part of the comparison). The region runs are
+# evaluated on every test image (their embedded profile keeps 200): the grounding of every
+# localizer is over the same phrases (checked by their fingerprint in `assemble`).
 _COMMON = ("--protocol=full", "--noexport")
+_REGION = ("--noexport", "--max_test_images=0")
 SYSTEMS: tuple[System, ...] = (
     System("random", "Random ranking", "fragment embeddings (Karpathy Table 3)",
            Run("fragment_embeddings", "karpathy_table3_random_ranking", _COMMON),
            no_grounding="random scores rank captions only (no boxes, no heat maps)"),
     System("cca", "CCA (FV HGLMM)", "two-branch baseline (TPAMI Tables 1-2)",
            Run("image_sentence_retrieval", "table2_a1_cca_fv_hglmm", _COMMON),
-           Run("phrase_localization", "table1_a_cca", ("--noexport",))),
+           Run("phrase_localization", "table1_a_cca", _REGION)),
     System("embedding", "Two-branch embedding network (full model)", "two-branch (TPAMI Table 2 b6)",
            Run("image_sentence_retrieval", "table2_b6_nonlinear_bidir_nbr_constraints", _COMMON),
-           Run("phrase_localization", "table1_b6_nonlinear_augm_pos_bidir_nbr_constraints", ("--noexport",))),
+           Run("phrase_localization", "table1_b6_nonlinear_augm_pos_bidir_nbr_constraints", _REGION)),
     System("similarity", "Two-branch similarity network", "two-branch (TPAMI Table 2 d)",
            Run("image_sentence_retrieval", "table2_d_similarity", _COMMON),
-           Run("phrase_localization", "table1_c4_similarity_nonlinear_augm_pos", ("--noexport",))),
+           Run("phrase_localization", "table1_c4_similarity_nonlinear_augm_pos", _REGION)),
     System("dual_path", "Dual-path CNN, Stage II", "dual-path CNN (Zheng Table 1, ResNet-50 row)",
            Run("instance_loss", "zheng_table1_resnet50_stage2", _COMMON,
                embedded_flags=("--stage1_epochs=60", "--stage2_epochs=15")),
            no_grounding="global image and text vectors only: no regions, no heat maps"),
     System("fragments", "Deep fragment embeddings († + MIL)", "fragment embeddings (Karpathy Table 3)",
-           Run("fragment_embeddings", "karpathy_table3_fragment_global_mil", _COMMON),
-           no_grounding="best-aligned image fragment per Entities phrase not computed yet "
-                        "(evaluation/fragment_alignment.best_image_fragments gives it per sentence "
-                        "fragment; the phrase-to-triplet mapping is open)"),
+           Run("fragment_embeddings", "karpathy_table3_fragment_global_mil", _COMMON)),
     System("npair", "N-pair phrase localization (word mode)", "N-pair localization (Das Table 2)",
            Run("npair_localization", "das_table2_npair_word", (*_COMMON, "--row_metric=auto"))),
 )
@@ -191,14 +210,21 @@ def run_arguments(run: Run, *, embedded: bool, dataset_dir: str, seed: int, run_
     return [*args, *extra]
 
 
-def finished_run(run_dir: pathlib.Path, arguments: Sequence[str]) -> dict | None:
-    """The record and cost of a finished leaderboard run made with these arguments, else None."""
+def finished_run(run_dir: pathlib.Path, arguments: Sequence[str], *,
+                 needs_grounding: bool = False) -> dict | None:
+    """The record and cost of a finished leaderboard run made with these arguments, else None.
+
+    `needs_grounding`: the run is where its system's grounding comes from, so a record without a
+    grounding summary (`evaluation.grounding`, written since issue 24 item 4) or the reason it
+    could not be computed is not reused."""
     marker, results = run_dir / MARKER, run_dir / "results.json"
     if not (marker.exists() and results.exists()):
         return None
     saved = json_files.read_json_object(marker, "leaderboard run marker")
     record = json_files.read_json_object(results, "run results")
     if saved.get("arguments") != list(arguments) or "test_split_fingerprint" not in record:
+        return None
+    if needs_grounding and not ("grounding" in record or record.get("pointing_not_computed")):
         return None
     return {"record": record, "cost": saved["cost"], "reused": True}
 
@@ -219,17 +245,26 @@ def retrieval_cells(record: dict) -> dict:
 
 
 def grounding_cells(record: dict) -> dict:
-    """The grounding cells a record has: pointing accuracy (N-pair) or box R@1 at IoU 0.5
-    (phrase localization), with the number of phrases they are over."""
-    metrics = record.get("metrics") or {}
-    out = {}
-    if "pointing_accuracy" in metrics:
-        out["pointing"] = float(metrics["pointing_accuracy"])
-        out["pointing_queries"] = record.get("num_pointing_queries")
-    if record.get("protocol") == "phrase_localization" and "r1" in metrics:
-        out["box_r1"] = float(metrics["r1"])
-        out["box_phrases"] = int(metrics.get("num_phrases", record.get("num_test_phrases", 0)))
+    """The grounding cells of a record's grounding summary (`evaluation.grounding`): the pointing
+    accuracy, box R@1 at IoU 0.5 (systems that rank boxes), the phrase fingerprint and the number
+    of phrases; {} when the record has none."""
+    grounding = record.get("grounding") or {}
+    if "phrase_fingerprint" not in grounding:
+        return {}
+    out = {"pointing": float(grounding["pointing_accuracy"]), "phrase_fingerprint": grounding["phrase_fingerprint"],
+           "num_phrases": int(grounding["num_phrases"]), "rule": grounding.get("rule")}
+    if grounding.get("box_r1") is not None:
+        out["box_r1"] = float(grounding["box_r1"])
     return out
+
+
+def grounding_reason(record: dict) -> str:
+    """Why a localizing system's record has no grounding cells ('' when it has them)."""
+    grounding = record.get("grounding") or {}
+    if "phrase_fingerprint" in grounding:
+        return ""
+    return (grounding.get("not_computed") or record.get("pointing_not_computed")
+            or "the record has no grounding summary (written before issue 24 item 4: run it again)")
 
 
 def chance_cells(record: dict) -> dict:
@@ -251,24 +286,50 @@ def split_identity(record: dict) -> tuple:
     return (record.get("protocol"), record.get("test_split_fingerprint"))
 
 
+def _grounding_of(system: System, runs: list[dict]) -> tuple[list[dict], list[str]]:
+    """The grounding cells of a system's seeds (records with a grounding summary) and the reasons
+    of those without one (a failed run, a dataset without Entities, ...)."""
+    cells, reasons = [], []
+    for entry in runs:
+        source = system.grounding_source(entry)
+        if source is None:
+            continue
+        if "error" in source:
+            reasons.append(source["error"])
+        elif "record" in source:
+            found = grounding_cells(source["record"])
+            if found:
+                cells.append(found)
+            else:
+                reasons.append(grounding_reason(source["record"]))
+    return cells, reasons
+
+
 def assemble(system_runs: dict[str, list[dict]]) -> dict:
     """Aggregates the seeds' runs of every system into leaderboard rows.
 
     `system_runs[key]`: one entry per seed, each {"retrieval": run or {"error": reason},
     "grounding": run, {"error": reason} or None}, a run being {"record", "cost", "reused"}.
-    Returns {"rows": [...], "split": {...}, "apart": [...]}: the rows measured on the reference
-    (protocol, test split) — the one most systems share — and, apart, every row measured
-    otherwise (never put in the table).
+    Returns {"rows": [...], "split": {...}, "apart": [...], "phrases": {...},
+    "grounding_apart": [...]}: the rows measured on the reference (protocol, test split) — the
+    one most systems share — and, apart, every row measured otherwise (never put in the table);
+    likewise the grounding cells are over the reference phrases (the phrase fingerprint most
+    grounding records share, `data.phrases.phrase_fingerprint`) and a system grounded on other
+    phrases is listed apart in ``grounding_apart``, its grounding cells left empty.
     """
     identities: dict[tuple, int] = {}
-    for runs in system_runs.values():
-        for entry in runs:
+    phrase_sets: dict[tuple, int] = {}
+    for system in SYSTEMS:
+        for entry in system_runs.get(system.key, []):
             rec = (entry.get("retrieval") or {}).get("record")
             if rec:
                 identities[split_identity(rec)] = identities.get(split_identity(rec), 0) + 1
+        for c in _grounding_of(system, system_runs.get(system.key, []))[0]:
+            phrases = (c["phrase_fingerprint"], c["num_phrases"])
+            phrase_sets[phrases] = phrase_sets.get(phrases, 0) + 1
     reference = max(identities, key=identities.get) if identities else (None, None)
-    grounding_sets: dict[str, set] = {}
-    rows, apart = [], []
+    reference_phrases = max(phrase_sets, key=phrase_sets.get) if phrase_sets else (None, None)
+    rows, apart, grounding_apart = [], [], []
     for system in SYSTEMS:
         runs = system_runs.get(system.key)
         if runs is None:
@@ -293,39 +354,43 @@ def assemble(system_runs: dict[str, list[dict]]) -> dict:
             row["cells"][key] = summarize([retrieval_cells(r).get(key) for r in records])
         row["chance"] = chance_cells(records[0]) if records else {}
         costs = [e["retrieval"]["cost"] for e in runs if "cost" in (e.get("retrieval") or {})]
-        grounding = [e.get("grounding") for e in runs]
-        g_records = [g["record"] for g in grounding if g and "record" in g]
-        g_cells = [grounding_cells(r) for r in (g_records or records)]
+        g_cells, g_reasons = _grounding_of(system, runs)
+        other = [c for c in g_cells if (c["phrase_fingerprint"], c["num_phrases"]) != reference_phrases]
+        if other:
+            grounding_apart.append({"key": system.key, "name": system.name,
+                                    "phrase_fingerprint": other[0]["phrase_fingerprint"],
+                                    "num_phrases": other[0]["num_phrases"], "pointing": other[0]["pointing"],
+                                    "box_r1": other[0].get("box_r1")})
+            g_reasons.insert(0, f"grounded on other phrases ({other[0]['phrase_fingerprint']}, "
+                                f"{other[0]['num_phrases']} phrases): listed apart")
+            g_cells = []
         for key in GROUNDING_KEYS:
             row["cells"][key] = summarize([c.get(key) for c in g_cells])
-        for c, r in zip(g_cells, g_records or records):
-            if "pointing" in c or "box_r1" in c:
-                grounding_sets.setdefault(system.key, set()).add(
-                    (r.get("test_split_fingerprint"), c.get("pointing_queries") or c.get("box_phrases")))
-        g_errors = [g["error"] for g in grounding if g and "error" in g]
-        if g_errors:
-            row["grounding_unavailable"] = g_errors[0]
-        elif system.no_grounding:
+        if not system.localizes:
             row["grounding_unavailable"] = system.no_grounding
-        elif records and records[0].get("pointing_not_computed"):
-            row["grounding_unavailable"] = records[0]["pointing_not_computed"]
-        g_costs = [g["cost"] for g in grounding if g and "cost" in g]
+        elif g_reasons:
+            row["grounding_unavailable"] = g_reasons[0]
+        elif not g_cells:
+            row["grounding_unavailable"] = "no grounding run"
+        grounding_runs = [e.get("grounding") for e in runs]
+        g_costs = [g["cost"] for g in grounding_runs if g and "cost" in g]
         row["cells"]["params"] = summarize([c["params"] for c in costs])
         row["cells"]["train_s"] = summarize([c["train_s"] for c in costs])
         row["cells"]["eval_s"] = summarize([c["eval_s"] for c in costs])
         if g_costs:
             row["grounding_cost"] = {k: summarize([c[k] for c in g_costs]) for k in COST_KEYS}
         row["protocol"], row["test_split_fingerprint"] = split_identity(records[0]) if records else (None, None)
-        row["grounding_fingerprint"] = g_records[0].get("test_split_fingerprint") if g_records else (
-            row["test_split_fingerprint"] if row["cells"]["pointing"] else None)
+        row["grounding_fingerprint"] = g_cells[0]["phrase_fingerprint"] if g_cells else None
+        row["grounding_phrases"] = g_cells[0]["num_phrases"] if g_cells else None
+        row["grounding_rule"] = g_cells[0]["rule"] if g_cells else None
         rows.append(row)
     first = next((e["retrieval"]["record"] for runs in system_runs.values() for e in runs
                   if "record" in (e.get("retrieval") or {}) and split_identity(e["retrieval"]["record"]) == reference),
                  {})
     split = {"protocol": reference[0], "test_split_fingerprint": reference[1],
              "num_test_images": first.get("num_test_images"), "num_test_captions": first.get("num_test_captions")}
-    return {"rows": rows, "split": split, "apart": apart,
-            "grounding_sets": {k: sorted(map(list, v), key=str) for k, v in grounding_sets.items()}}
+    phrases = {"phrase_fingerprint": reference_phrases[0], "num_phrases": reference_phrases[1]}
+    return {"rows": rows, "split": split, "apart": apart, "phrases": phrases, "grounding_apart": grounding_apart}
 
 
 # ---------------------------------------------------------------------------- output
@@ -366,8 +431,6 @@ def format_table(board: dict, *, dataset: str, seeds: Sequence[int], footer: Seq
             mark(i, GROUNDING_KEYS, f"{r['name']}: {r['grounding_unavailable']}")
         if r["cells"].get("pointing") and not r["cells"].get("box_r1"):
             mark(i, ["box_r1"], "heat-map systems rank no boxes: no R@1 at IoU 0.5")
-        if r["cells"].get("box_r1") and not r["cells"].get("pointing"):
-            mark(i, ["pointing"], "box-ranking systems: the pointing game of their top box is not computed")
         if r["cells"].get("params") is None and not r.get("unavailable"):
             mark(i, ["params", "train_s", "eval_s"], f"{r['name']}: nothing is trained")
     header = ["System"] + [COLUMNS[k] for k in keys]
@@ -383,8 +446,10 @@ def format_table(board: dict, *, dataset: str, seeds: Sequence[int], footer: Seq
     if chance:
         out.append("chance (random embeddings, same split and protocol): " +
                    ", ".join(f"{COLUMNS[k]} {chance[k]:.1f}" for k in RETRIEVAL_KEYS if k in chance))
-    out.append(GROUNDING_RULE + ". Phrases per system (the fingerprint of the run's test split or, for the region runs, of its test images and phrases: number of phrases): " + "; ".join(
-        f"{k}: {', '.join(f'{fp}: {n}' for fp, n in v)}" for k, v in board["grounding_sets"].items()))
+    phrases = board.get("phrases") or {}
+    out.append(GROUNDING_RULE + ".")
+    out.append(f"grounding phrases: {phrases.get('num_phrases')} (phrase fingerprint "
+               f"{phrases.get('phrase_fingerprint')}), the same for every grounding cell of the table")
     out.append("cost: params = every weight of the trained model (frozen CNNs included; CCA: its "
                "projections and means); train s = seconds inside training calls; eval s = seconds from "
                "the end of training to the end of the row (scoring the test split, writing the record); "
@@ -393,6 +458,10 @@ def format_table(board: dict, *, dataset: str, seeds: Sequence[int], footer: Seq
     for a in board["apart"]:
         out.append(f"NOT COMPARABLE (listed apart, not in the table): {a['name']}: protocol {a['protocol']}, "
                    f"split {a['test_split_fingerprint']}, rsum {a['metrics'].get('rsum', float('nan')):.1f}")
+    for a in board.get("grounding_apart", []):
+        box = "" if a.get("box_r1") is None else f", box R@1 {a['box_r1']:.1f}"
+        out.append(f"NOT COMPARABLE (grounding on other phrases, not in the table): {a['name']}: "
+                   f"{a['num_phrases']} phrases ({a['phrase_fingerprint']}), point % {a['pointing']:.1f}{box}")
     out += list(footer)
     return "\n".join(out)
 
@@ -403,13 +472,14 @@ def write_csv(path: pathlib.Path, board: dict) -> pathlib.Path:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["key", "name", "seeds", "protocol", "test_split_fingerprint", "grounding_fingerprint",
+                     "grounding_phrases",
                      *(f"{k}_{s}" for k in keys for s in ("mean", "std")), "unavailable",
                      "grounding_unavailable", "reused"])
     for r in board["rows"]:
         cells = [("" if r["cells"].get(k) is None else f"{r['cells'][k][s]:.4g}") for k in keys
                  for s in ("mean", "std")]
         writer.writerow([r["key"], r["name"], r["seeds"], r["protocol"], r["test_split_fingerprint"],
-                         r["grounding_fingerprint"], *cells, r.get("unavailable", ""),
+                         r["grounding_fingerprint"], r["grounding_phrases"], *cells, r.get("unavailable", ""),
                          r.get("grounding_unavailable", ""), r["reused"]])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".csv.tmp")
@@ -440,7 +510,7 @@ def write_figure(path: pathlib.Path, board: dict, title: str) -> pathlib.Path:
     axes[0].set_title("retrieval rsum (R@1+5+10 both ways)")
     bars(axes[1], "pointing", -0.2, 0.4, "pointing game %")
     bars(axes[1], "box_r1", 0.2, 0.4, "box R@1 (IoU ≥ 0.5) %")
-    axes[1].set_title("grounding on Entities test phrases")
+    axes[1].set_title("grounding on the same Entities test phrases")
     for ax in axes:
         ax.set_xticks(np.arange(len(rows)), names, rotation=30, ha="right")
         ax.legend(fontsize=8)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import logging
 import os
 from typing import Iterable, Sequence
@@ -159,3 +160,30 @@ def build_phrase_examples(entities_root, image_ids, *, exclude_types: Sequence[s
     else:
         logger.info("%s", summary)
     return examples
+
+
+def phrase_fingerprint(phrases: Iterable) -> str:
+    """The one fingerprint of a set of grounding phrases (every localizer's record carries it).
+
+    `phrases`: :class:`PhraseExample` or
+    :class:`tf_twobranch.evaluation.pointing_game.PointingQuery` objects (anything with
+    ``image_id``, ``sentence_index``, ``phrase_index``, ``phrase`` and ``gt_boxes`` or
+    ``boxes``). Hashed: each phrase's image id, sentence index, phrase index (among all
+    phrases of its sentence), text and ground-truth boxes (rounded to 1/100 pixel), sorted
+    by (image id, sentence index, phrase index), so two evaluations carry the same
+    fingerprint exactly when they ask for the same phrases with the same boxes, whatever
+    their order. Returns ``"sha256:<16 hex digits>"`` (as `corpus.split_fingerprint`).
+    """
+    rows = []
+    for phrase in phrases:
+        boxes = getattr(phrase, "gt_boxes", None)
+        if boxes is None:
+            boxes = phrase.boxes
+        coordinates = ",".join(f"{v:.2f}" for v in np.asarray(boxes, np.float64).reshape(-1))
+        rows.append((str(phrase.image_id), int(phrase.sentence_index), int(phrase.phrase_index),
+                     f"{phrase.image_id}\x1f{phrase.sentence_index}\x1f{phrase.phrase_index}\x1f"
+                     f"{phrase.phrase}\x1f{coordinates}"))
+    digest = hashlib.sha256()
+    for *_, text in sorted(rows):
+        digest.update(text.encode("utf-8") + b"\x00")
+    return "sha256:" + digest.hexdigest()[:16]

@@ -36,9 +36,13 @@ ROOT_RELATIONS = frozenset({"root", "ROOT"})
 
 @dataclasses.dataclass(frozen=True)
 class Triplet:
+    """A sentence fragment; ``index1`` / ``index2``: the 0-based positions of `word1` and `word2`
+    in the parsed sentence (the governor and the dependent; -1 when unknown; not compared)."""
     relation: str
     word1: str
     word2: str
+    index1: int = dataclasses.field(default=-1, compare=False)
+    index2: int = dataclasses.field(default=-1, compare=False)
 
 
 def tree_triplets(tree: DependencyTree, kind: str = "dependency", *,
@@ -48,9 +52,9 @@ def tree_triplets(tree: DependencyTree, kind: str = "dependency", *,
         raise ConfigError(f"fragments must be one of {FRAGMENT_KINDS}, got {kind!r}")
     words = [w.lower() for w in tree.words]
     if kind == "bow":
-        return [Triplet("bow", w, w) for w in words]
+        return [Triplet("bow", w, w, i, i) for i, w in enumerate(words)]
     if kind == "bigram":
-        return [Triplet("bigram", a, b) for a, b in zip(words, words[1:])]
+        return [Triplet("bigram", a, b, i, i + 1) for i, (a, b) in enumerate(zip(words, words[1:]))]
     folded: set[int] = set()          # pobj edges folded into prep_<word>
     replacement: dict[int, Triplet] = {}
     if collapse_prepositions:
@@ -61,13 +65,13 @@ def tree_triplets(tree: DependencyTree, kind: str = "dependency", *,
             governor = tree.heads[prep]
             if governor == 0 or prep in replacement:
                 continue      # a root preposition, or its first object already taken
-            replacement[prep] = Triplet(f"prep_{words[prep]}", words[governor - 1], words[i])
+            replacement[prep] = Triplet(f"prep_{words[prep]}", words[governor - 1], words[i], governor - 1, i)
             folded.add(i)
     out = []
     for i, (head, rel) in enumerate(zip(tree.heads, tree.relations)):
         if head == 0 or rel in ROOT_RELATIONS or i in folded:
             continue
-        out.append(replacement.get(i, Triplet(rel, words[head - 1], words[i])))
+        out.append(replacement.get(i, Triplet(rel, words[head - 1], words[i], head - 1, i)))
     return out
 
 
@@ -147,13 +151,18 @@ class EncodedFragments:
 
     ``relation``, ``word1``, ``word2``: int32 (total,); sentence s owns rows
     ``row_splits[s]:row_splits[s + 1]``. ``empty``: sentences left with no
-    fragment after filtering.
+    fragment after filtering. ``positions``: int32 (total, 2), where the two
+    words stand in the parsed sentence (`Triplet.index1`, `Triplet.index2`; -1
+    unknown). ``words``: each sentence's parsed words, lower-cased, when kept
+    (the evaluated splits: grounding maps Entities phrases onto them); else None.
     """
 
     relation: np.ndarray
     word1: np.ndarray
     word2: np.ndarray
     row_splits: np.ndarray
+    positions: np.ndarray | None = None
+    words: list[tuple[str, ...]] | None = None
 
     @property
     def num_sentences(self) -> int:
@@ -169,11 +178,13 @@ class EncodedFragments:
 
 
 def encode_fragments(fragments: Sequence[Sequence[Triplet]], relations: Sequence[str],
-                     word_index: Mapping[str, int]) -> EncodedFragments:
+                     word_index: Mapping[str, int], *,
+                     words: Sequence[Sequence[str]] | None = None) -> EncodedFragments:
     """Ids of the fragments whose relation is in `relations` and whose two words
-    are in `word_index` (the word-vector vocabulary); the others are dropped."""
+    are in `word_index` (the word-vector vocabulary); the others are dropped.
+    `words`: the sentences' parsed words, kept in the result (`EncodedFragments.words`)."""
     relation_index = {r: i for i, r in enumerate(relations)}
-    rel, w1, w2, splits = [], [], [], [0]
+    rel, w1, w2, positions, splits = [], [], [], [], [0]
     for sentence in fragments:
         for t in sentence:
             r = relation_index.get(t.relation)
@@ -183,6 +194,9 @@ def encode_fragments(fragments: Sequence[Sequence[Triplet]], relations: Sequence
             rel.append(r)
             w1.append(a)
             w2.append(b)
+            positions.append((t.index1, t.index2))
         splits.append(len(rel))
     as_ids = lambda x: np.asarray(x, np.int32)  # noqa: E731
-    return EncodedFragments(as_ids(rel), as_ids(w1), as_ids(w2), np.asarray(splits, np.int64))
+    return EncodedFragments(as_ids(rel), as_ids(w1), as_ids(w2), np.asarray(splits, np.int64),
+                            np.asarray(positions, np.int32).reshape(-1, 2),
+                            None if words is None else [tuple(w.lower() for w in s) for s in words])

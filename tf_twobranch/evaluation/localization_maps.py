@@ -224,19 +224,8 @@ def pointing_results(queries: Sequence, heat_maps: Sequence[np.ndarray | None] |
         points = [None if m is None else
                   pointing_game.heat_map_maximum(m, q.image_height, q.image_width)
                   for m, q in zip(heat_maps, queries)]
-    mapped = [i for i, p in enumerate(points) if p is not None]
-    unmapped = len(points) - len(mapped)
-    if mapped:
-        result = pointing_game.evaluate_pointing_game([queries[i] for i in mapped], [points[i] for i in mapped],
-                                                      counting=counting)
-    else:
-        result = {"counting": counting, "hits": 0, "misses": 0, "trials": 0}
-    unmapped_trials = sum(1 if counting == "phrase" else len(queries[i].boxes)
-                          for i, p in enumerate(points) if p is None)
-    result["misses"] += unmapped_trials
-    result["trials"] += unmapped_trials
-    result["queries_without_map"] = unmapped
-    result["accuracy"] = pointing_game.pointing_game_accuracy(result["hits"], result["misses"])
+    result = pointing_game.evaluate_points(queries, points, counting=counting)
+    result["queries_without_map"] = result.pop("queries_without_point")
     return result
 
 

@@ -187,6 +187,21 @@ def evaluate_phrase_localization(model, data, *, ks: Sequence[int] = DEFAULT_KS,
                                       phrase_types=data.phrase_types())
 
 
+def top_proposal_boxes(scores, valid, data) -> list[np.ndarray | None]:
+    """Each phrase's top-ranked proposal box (4,) (ties: the first in the image's proposal order);
+    None for a phrase whose image has no proposal. `scores`, `valid`: from
+    :func:`score_phrases_with_model`; `data`: the same `PhraseLocalizationData`."""
+    scores, mask = _pad_scores(scores, valid)
+    table, _ = data.proposal_table()
+    if table.shape != scores.shape:
+        raise UserInputError(f"scores have shape {scores.shape}, the data's proposal table {table.shape}")
+    top = np.argmax(np.where(mask, scores, -np.inf), axis=1)
+    rows = np.arange(len(top))
+    regions = table[rows, top]
+    return [np.asarray(data.region_boxes[r], np.float32) if ok else None
+            for r, ok in zip(regions.tolist(), mask[rows, top].tolist())]
+
+
 def random_localization_metrics(data, *, ks: Sequence[int] = DEFAULT_KS, seed: int = 0,
                                 iou_threshold: float = IOU_THRESHOLD) -> dict:
     """What random proposal scores get on ``data``: the chance level a model must beat."""

@@ -71,6 +71,8 @@ __all__ = [
     "points_from_heat_maps",
     "phrase_heat_map",
     "evaluate_pointing_game",
+    "evaluate_points",
+    "box_centre_points",
 ]
 
 #: "phrase": one trial per phrase (the paper); "per_box": one trial per ground-truth box (LocNet).
@@ -346,6 +348,52 @@ def evaluate_pointing_game(queries: Sequence[PointingQuery], points, *, counting
         "accuracy_per_type": {name: 100.0 * h / t for name, (h, t) in sorted(per_type.items())},
         "trials_per_type": {name: t for name, (_, t) in sorted(per_type.items())},
     }
+
+
+def evaluate_points(queries: Sequence[PointingQuery], points, *, counting: str = "phrase") -> dict:
+    """:func:`evaluate_pointing_game` where a query's point may be None (the system gave no answer
+    for it: no heat map, no sentence fragment): a miss, counted, never dropped.
+
+    Adds ``queries_without_point`` (how many) to the results; accuracy is over every query.
+    """
+    queries, points = list(queries), list(points)
+    if len(points) != len(queries):
+        raise UserInputError(f"got {len(points)} points for {len(queries)} queries; pass one (x, y) or None "
+                             "per query")
+    answered = [i for i, p in enumerate(points) if p is not None]
+    if answered:
+        result = evaluate_pointing_game([queries[i] for i in answered], [points[i] for i in answered],
+                                        counting=counting)
+    else:
+        result = {"counting": _check_counting(counting), "hits": 0, "misses": 0, "trials": 0}
+    unanswered = sum(1 if counting == "phrase" else len(queries[i].boxes)
+                     for i, p in enumerate(points) if p is None)
+    result["misses"] += unanswered
+    result["trials"] += unanswered
+    result["queries_without_point"] = len(points) - len(answered)
+    result["accuracy"] = pointing_game_accuracy(result["hits"], result["misses"])
+    return result
+
+
+def box_centre_points(queries: Sequence[PointingQuery], boxes) -> list[Point | None]:
+    """The point of a system that answers with a box: its centre pixel
+    (⌊(x1 + x2) / 2⌋, ⌊(y1 + y2) / 2⌋) of the inclusive box, clipped to the query's image
+    (a proposal may stick out of it); None where the box is None (no answer: a miss)."""
+    boxes = list(boxes)
+    if len(boxes) != len(queries):
+        raise UserInputError(f"got {len(boxes)} boxes for {len(queries)} queries; pass one box or None per query")
+    points: list[Point | None] = []
+    for index, (box, query) in enumerate(zip(boxes, queries)):
+        if box is None:
+            points.append(None)
+            continue
+        x1, y1, x2, y2 = (float(v) for v in _check_boxes(box)[0])
+        if x2 < x1 or y2 < y1:
+            raise UserInputError(f"box {index} {[x1, y1, x2, y2]} of image {query.image_id} is empty "
+                                 "(x2 < x1 or y2 < y1)")
+        points.append((int(min(max(np.floor((x1 + x2) / 2), 0), query.image_width - 1)),
+                       int(min(max(np.floor((y1 + y2) / 2), 0), query.image_height - 1))))
+    return points
 
 
 # ----------------------------------------------------------------------------

@@ -258,12 +258,13 @@ def sentence_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, Caption
     spec.validate()
     path = pathlib.Path(parses) if parses else _parses_path(layout, spec)
     trees = read_conllu(path)
+    split_trees = {split: caption_trees(trees, corpus, path) for split, corpus in splits.items()}
     triplets = {split: [tree_triplets(t, spec.fragments, collapse_prepositions=spec.collapse_prepositions)
-                        for t in caption_trees(trees, corpus, path)]
-                for split, corpus in splits.items()}
+                        for t in split_trees[split]]
+                for split in splits}
     counts = relation_counts(triplets["train"])
     relations = frequent_relations(counts, spec.min_relation_fraction)
-    train_words = [[w.lower() for w in t.words] for t in caption_trees(trees, splits["train"], path)]
+    train_words = [[w.lower() for w in t.words] for t in split_trees["train"]]
     if spec.word_vectors:
         wanted = {t.word1 for s in triplets["train"] for t in s} | {t.word2 for s in triplets["train"] for t in s}
         vectors = load_word_vectors(spec.word_vectors, vocabulary=wanted)
@@ -279,7 +280,12 @@ def sentence_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, Caption
         if vectors.dim != spec.word_dim:
             raise UserInputError(f"only {vectors.dim + 1} distinct training words: --word_dim={spec.word_dim} "
                                  f"PPMI-SVD vectors cannot be trained; pass --word_dim={vectors.dim} or less")
-    encoded = {split: encode_fragments(t, relations, vectors.index) for split, t in triplets.items()}
+    # The evaluated splits keep their parsed words (grounding maps Entities phrases onto them);
+    # the training split, the large one, does not.
+    encoded = {split: encode_fragments(t, relations, vectors.index, words=None if split == "train" else
+                                       [tree.words for tree in split_trees[split]])
+               for split, t in triplets.items()}
+    del split_trees
     stats = {"parses": str(path), "relation_types_before_filter": len(counts),
              "relation_types_after_filter": len(relations), "relations": relations,
              "relation_counts": dict(collections.Counter(counts).most_common())}

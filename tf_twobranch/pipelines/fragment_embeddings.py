@@ -13,6 +13,8 @@ From a recipe alone (no absl, no `experiments` import):
 * `stage_epochs`, `stage_learning_rate`, `initial_weights`: its schedule;
 * `evaluation_split(recipe, data, config)`: the `EvaluationSplit` that
   `FragmentEmbeddingModel.evaluate` scores with S_kl;
+* `grounding(recipe, data, model)`: the grounding of the split's Flickr30K Entities
+  phrases through each phrase's best-aligned image fragment (`evaluation.grounding`);
 * `load_fragment_run(run_dir, checkpoint)`: the loader `runs.load_run` uses
   for these runs; ``run.model.evaluate(run.evaluation_split())`` returns the
   metrics of ``run.results["metrics"]``. A stage folder (``<run>/stage1``)
@@ -26,6 +28,7 @@ import re
 from typing import NamedTuple
 
 import keras
+import numpy as np
 
 from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.data.from_flags import dataset_from_flags
@@ -33,10 +36,14 @@ from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.data.sentence_fragments import caption_keys
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.evaluation.grounding import fragment_grounding
+from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.evaluation.split import EvaluationSplit
+from tf_twobranch.features.image_fragments import fragment_boxes
 from tf_twobranch.features.prepare_fragments import (FragmentFeatureSpec, FragmentImages, FragmentText,
                                                      FragmentTextSpec, image_fragment_inputs,
                                                      sentence_fragment_inputs)
+from tf_twobranch.features.prepare_regions import read_split_proposals
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
                                                     load_fragment_config)
@@ -46,7 +53,7 @@ from tf_twobranch.table_runner import slug
 from tf_twobranch.runs import Run, _config_folder, run_results, run_weights
 
 __all__ = ["FragmentRecipe", "FragmentData", "load_data", "build_config", "image_inputs", "evaluation_split",
-           "stage_epochs", "stage_learning_rate", "initial_weights", "load_fragment_run"]
+           "stage_epochs", "stage_learning_rate", "initial_weights", "load_fragment_run", "grounding"]
 
 
 @dataclasses.dataclass
@@ -297,3 +304,41 @@ def load_fragment_run(run_dir: pathlib.Path, checkpoint: str = "latest") -> Run:
 def _read_split(run: Run) -> EvaluationSplit:
     recipe = FragmentRecipe.from_record(run.config, str(run.run_dir / "run_config.json"))
     return evaluation_split(recipe, load_data(recipe), run.model.config)
+
+
+# ---------------------------------------------------------------------------- grounding
+
+
+def grounding(recipe: FragmentRecipe, data: FragmentData, model) -> dict:
+    """The row's grounding of the evaluated split's Flickr30K Entities phrases
+    (`evaluation.grounding.fragment_grounding`: the centre of the best-aligned image fragment's
+    box in the pointing game, box R@1 over the image-fragment boxes), or ``{"not_computed": why}``.
+
+    The boxes are those the row's image fragments were cut from: the whole image, then the
+    top `detections` boxes of the row's proposals file (`features.image_fragments.fragment_boxes`).
+    """
+    r = recipe
+    if model.config.representation != "fragments":
+        return {"not_computed": f"a {model.config.representation} row embeds whole images and sentences: "
+                                "no image fragment to point with"}
+    if data.layout.entities_dir is None:
+        return {"not_computed": f"{data.source} has no Flickr30K Entities Sentences/ and Annotations/: "
+                                "no phrases to ground"}
+    if r.fragment_features:
+        return {"not_computed": "the row's image fragments are precomputed --fragment_features, whose boxes "
+                               "it does not know"}
+    corpus, images, fragments = data.splits[r.eval_split], data.images[r.eval_split], data.text.splits[r.eval_split]
+    queries = pointing_queries(data.layout.entities_dir, list(corpus.image_ids))
+    if not queries:
+        return {"not_computed": f"no phrase with a box among the {r.eval_split} split's images"}
+    v, v_mask, s, row_splits = model.embed_split(image_inputs(images, model.config), images.mask, fragments)
+    ids = sorted({q.image_id for q in queries})
+    proposals = (read_split_proposals(pathlib.Path(r.proposals) if r.proposals else data.layout.proposals, ids,
+                                      r.detections) if r.detections else {})
+    size = {q.image_id: (q.image_height, q.image_width) for q in queries}
+    boxes = {i: fragment_boxes(proposals.get(i, np.zeros((0, 4), np.float32)), *size[i], r.detections)
+             for i in ids}
+    return fragment_grounding(queries, image_ids=images.image_ids, caption_image=corpus.caption_image,
+                              caption_words=fragments.words, image_fragments=v, image_mask=v_mask,
+                              sentence_fragments=s, row_splits=row_splits, positions=fragments.positions,
+                              image_boxes=boxes)

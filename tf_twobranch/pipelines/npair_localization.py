@@ -39,6 +39,7 @@ from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import localization_maps
+from tf_twobranch.evaluation.grounding import grounding_summary
 from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.features.prepare_npair import (CaptionTokens, NPairInputSpec, NPairText, backbone_maps,
                                                  caption_inputs, encode_token_lists, load_backbone_maps,
@@ -245,8 +246,16 @@ def baseline_pointing(recipe: NPairRecipe, data: NPairData, queries) -> dict:
 
 def summary(record: dict, recipe: NPairRecipe) -> None:
     """The row's headline metrics (``record["metrics"]``): retrieval under its protocol, pointing in
-    its parse mode (`models.npair_localization.headline_metrics`, what ``evaluate`` returns)."""
+    its parse mode (`models.npair_localization.headline_metrics`, what ``evaluate`` returns); and,
+    where the pointing game was played, its grounding summary (``record["grounding"]``,
+    `evaluation.grounding`: the phrases' fingerprint, the rule, the results)."""
     record["metrics"] = headline_metrics(record, recipe.protocol, recipe.parse_mode)
+    pointing = record.get("pointing") or {}
+    results = pointing.get(recipe.parse_mode, pointing.get("baseline"))
+    if results and record.get("phrase_fingerprint"):
+        rule = recipe.row_kind if recipe.row_kind in ("random_point", "centre_point") else "heat_map"
+        record["grounding"] = grounding_summary(record["phrase_fingerprint"], record["num_pointing_queries"],
+                                                results, rule=rule)
 
 
 # ---------------------------------------------------------------------------- a finished run

@@ -15,9 +15,12 @@ from tf_twobranch import distribute, json_files, table_runner
 from tf_twobranch.baselines.cca import CCABaseline
 from tf_twobranch.data.corpus import split_fingerprint
 from tf_twobranch.data.from_flags import dataset_from_flags
+from tf_twobranch.data.phrases import phrase_fingerprint
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.evaluation.phrase_localization import (evaluate_phrase_localization,
-                                                         random_localization_metrics)
+from tf_twobranch.evaluation.grounding import box_grounding, grounding_summary
+from tf_twobranch.evaluation.phrase_localization import (phrase_localization_recall, random_localization_metrics,
+                                                         score_phrases_with_model, top_proposal_boxes)
+from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.export.localization import export_phrase_localization_run
 from tf_twobranch.features.prepare_regions import (RegionFeatureSpec, phrase_localization_inputs,
                                                    prepare_phrase_localization)
@@ -248,6 +251,24 @@ def train_model(r, data, run_dir: pathlib.Path, typed: dict | None = None) -> tu
     return model, info
 
 
+def evaluate_test_phrases(scorer, test, layout) -> tuple[dict, dict]:
+    """From one scoring of the test phrases' proposals: the row's metrics (R@K at IoU >= 0.5,
+    `evaluation.phrase_localization`) and its grounding summary (`evaluation.grounding`: the
+    pointing game of the top-ranked proposal's centre, box R@1, the phrases' fingerprint)."""
+    scores, valid = score_phrases_with_model(scorer, test)
+    iou, _ = test.phrase_proposal_iou()
+    metrics = phrase_localization_recall(scores, iou, valid, phrase_types=test.phrase_types())
+    # The same phrases, read by the pointing game's own reader (one rule for every localizer).
+    queries = pointing_queries(layout.entities_dir, test.image_ids)
+    keys = [[(p.image_id, p.sentence_index, p.phrase_index) for p in items] for items in (queries, test.examples)]
+    if keys[0] != keys[1]:
+        raise UserInputError(f"{layout.entities_dir}: the pointing game reads {len(queries)} phrases of the "
+                             f"test images, the region data holds {test.num_phrases}: not the same phrases")
+    pointing = box_grounding(queries, top_proposal_boxes(scores, valid, test))
+    return metrics, grounding_summary(phrase_fingerprint(queries), len(queries), pointing, rule="top_proposal",
+                                      box_metrics=metrics)
+
+
 def _phrase_split_fingerprint(test) -> str:
     """`split_fingerprint` of the test images and their phrases (in example order)."""
     index = {image_id: i for i, image_id in enumerate(test.image_ids)}
@@ -283,11 +304,11 @@ def run(r: LocalizationRecipe, typed: dict | None = None, flagfile: str | None =
         cca = CCABaseline(n_components=min(r.cca_components, train.region_features.shape[1],
                                            train.phrase_features.shape[1]), seed=r.seed)
         cca.fit(np.asarray(train.region_features[regions]), np.asarray(train.phrase_features[rows]))
-        record["metrics"] = evaluate_phrase_localization(_CCAScorer(cca), test)
+        record["metrics"], record["grounding"] = evaluate_test_phrases(_CCAScorer(cca), test, layout)
     else:
         model, info = train_model(r, train, run_dir, typed)
         record.update({k: v for k, v in info.items() if k != "run_config"})
-        record["metrics"] = evaluate_phrase_localization(model, test)
+        record["metrics"], record["grounding"] = evaluate_test_phrases(model, test, layout)
         # Everything experiments.draw_localization needs besides --run_dir.
         cache = pathlib.Path(r.features_cache) if r.features_cache else layout.root / "features"
         record["inputs"] = phrase_localization_inputs(layout, cache, feature_spec(r))
