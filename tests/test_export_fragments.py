@@ -284,3 +284,29 @@ def test_raw_inputs_equal_the_offline_pipeline_on_real_data(realdata, tmp_path, 
     np.testing.assert_allclose(scores, scores_offline, atol=1e-4)
     assert {"embed_images", "score_jpeg", "embed_sentences"} <= {name for name, _ in read_warmup_requests(export_dir)}
     serving.replay_warmup_file(export_dir)
+
+
+def test_serving_doc_spacy_recipe_feeds_embed_sentences(tmp_path):
+    """docs/SERVING.md's client-side parse recipe, run as written (a saved stand-in parser pipeline
+    for en_core_web_sm), gives ``embed_sentences`` its inputs."""
+    pytest.importorskip("spacy")
+    import re
+
+    from test_spacy_parses import saved_chain_parser_pipeline
+    from tf_twobranch.export.fragment_embedding import FragmentServingModule
+
+    doc = (REPO_ROOT / "docs" / "SERVING.md").read_text(encoding="utf-8")
+    recipe = next(block for block in re.findall(r"```python\n(.*?)```", doc, re.S) if "load_spacy_model" in block)
+    pipeline = saved_chain_parser_pipeline(tmp_path / "pipeline")
+    namespace = {}
+    exec(recipe.replace('"en_core_web_sm"', repr(str(pipeline))), namespace)   # noqa: S102 - the doc's own code
+    request = namespace["request"]
+    # The chain parser labels every edge "dep": fragments (dep, next word, word), lower-cased.
+    assert request["relation"][0][:2] == ["dep", "dep"] and request["word1"][0][:2] == ["dog", "runs"]
+    words = sorted({w for name in ("word1", "word2") for row in request[name] for w in row if w})
+    config = FragmentEmbeddingConfig(image_dim=6, num_relations=1, vocabulary_size=len(words), word_dim=4,
+                                     embed_dim=5)
+    module = FragmentServingModule(build_fragment_model(config, np.ones((len(words), 4), np.float32)), ["dep"],
+                                   words)
+    out = module.embed_sentences(**{k: tf.constant(v) for k, v in request.items()})
+    np.testing.assert_array_equal(out["sentence_mask"].numpy(), np.array(request["relation"]) != "")

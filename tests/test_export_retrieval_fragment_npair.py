@@ -172,7 +172,8 @@ def _npair_model(aggregator, normalisation):
     return model
 
 
-@pytest.mark.parametrize("aggregator,normalisation", [("max_image", "vector"), ("max_text", "map")])
+@pytest.mark.parametrize("aggregator,normalisation", [("max_image", "vector"),
+                                                     pytest.param("max_text", "map", marks=pytest.mark.slow)])
 def test_npair_retrieve_is_the_core_ranking(tmp_path, aggregator, normalisation):
     model = _npair_model(aggregator, normalisation)
     paths, jpegs = _jpegs(tmp_path, seed=7)
