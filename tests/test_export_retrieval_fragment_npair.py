@@ -18,7 +18,7 @@ from tf_twobranch.evaluation.fragment_retrieval import fragment_score_fn
 from tf_twobranch.evaluation.localization_retrieval import localization_score_fn
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.export import serving
-from tf_twobranch.export.fragment_embedding import export_fragment_model, triplet_request
+from tf_twobranch.export.fragment_embedding import FragmentServingModule, export_fragment_model, triplet_request
 from tf_twobranch.export.npair_localization import export_npair_model
 from tf_twobranch.export.retrieval import RetrievalGallery, gallery_from_model
 from tf_twobranch.features.image_fragments import extract_fragment_features
@@ -121,11 +121,11 @@ def fragment_export(tmp_path_factory):
     path = export_fragment_model(model, tmp_path / "export", relations=RELATIONS, words=WORDS, image_cnn=cnn,
                                  gallery=gallery, gallery_block=3)
     image_input = {"image_jpeg": jpegs, "boxes": boxes, "num_boxes": num_boxes}
-    return model, split, tf.saved_model.load(str(path)), path, image_input, triplet_request(parses)
+    return model, split, tf.saved_model.load(str(path)), path, image_input, triplet_request(parses), gallery
 
 
 def test_fragment_retrieve_is_the_core_ranking(fragment_export):
-    model, split, loaded, _, image_input, text_input = fragment_export
+    model, split, loaded, _, image_input, text_input, gallery = fragment_export
     v, vm, s, row_splits = model.embed_split(split.image["fragments"], split.image["mask"], split.text)
     score_fn = fragment_score_fn(v, vm, s, row_splits, **model.config.score_options())
     i2t_core, t2i_core = retrieval.ranks_from_score_fn(score_fn, NUM_IMAGES, split.caption_image)
@@ -138,10 +138,17 @@ def test_fragment_retrieve_is_the_core_ranking(fragment_export):
     out = serving.call_signature(loaded, "retrieve_captions", **image_input, k=np.int32(4))
     np.testing.assert_allclose(out["scores"].numpy(), -np.sort(-core, axis=1)[:, :4], rtol=1e-4, atol=1e-5)
     assert [b.decode() for b in out["caption_ids"].numpy()[0]] == [f"cap{c}" for c in out["caption_index"][0]]
+    # Without the CNN the query is the cached features (and their mask): the same ranking.
+    module = FragmentServingModule(model, RELATIONS, WORDS, gallery=gallery)
+    index = module.retrieve_captions(tf.constant(np.asarray(split.image["fragments"], np.float32)),
+                                     tf.constant(split.image["mask"]), tf.constant(len(split.caption_image)))
+    i2t = [1 + np.flatnonzero(split.caption_image[index["caption_index"].numpy()[i]] == i)[0]
+           for i in range(NUM_IMAGES)]
+    np.testing.assert_array_equal(i2t, i2t_core)
 
 
 def test_fragment_retrieval_refuses_bad_requests(fragment_export):
-    _, _, loaded, path, image_input, text_input = fragment_export
+    _, _, loaded, path, image_input, text_input, _ = fragment_export
     with pytest.raises(tf.errors.InvalidArgumentError, match="k must lie in 1..image gallery size"):
         serving.call_signature(loaded, "retrieve_images", **text_input, k=np.int32(NUM_IMAGES + 1))
     unknown = triplet_request([[Triplet("det", "zebra", "dog")], [Triplet("nsubj", "dog", "runs")]])
