@@ -24,7 +24,7 @@ WORDS = ["a", "dog", "runs", "in", "the", "park", "red"]
 CONFIG = FragmentEmbeddingConfig(image_dim=6, num_relations=3, vocabulary_size=7, word_dim=4, embed_dim=5,
                                  smoothing=2.0, normaliser="code")
 SIGNATURES = ["embed_image_fragments", "embed_sentence_fragments", "embed_sentence_fragment_strings", "score",
-              "alignment", "serving_default"]
+              "alignment", "serving_default", "embed_sentences"]
 
 
 def _model():
@@ -195,3 +195,118 @@ def test_saved_model_cli_run_score(exported, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "out" / "scores.npy"), _keras_outputs(model, r)[2], atol=1e-5)
 
+
+
+# ------------------------------------------------------------------ raw inputs: real JPEGs + boxes, real parses
+
+REAL_IMAGES = ["100652400", "1016887272", "101958970"]
+
+
+def _real_parses(realdata, tmp_path, count=4):
+    """Triplets of the first `count` real spaCy parses (Flickr8K CoNLL-U, the parser's own output),
+    read as `sentence_inputs` reads them: `read_conllu` then `tree_triplets`."""
+    from tf_twobranch.data.formats.conllu import read_conllu
+    from tf_twobranch.data.sentence_fragments import tree_triplets
+
+    blocks = (realdata / "flickr8k" / "Flickr8k.token.conllu").read_text(encoding="utf-8").split("\n\n")[:count]
+    (tmp_path / "parses.conllu").write_text("\n\n".join(blocks) + "\n\n", encoding="utf-8")
+    return [tree_triplets(tree, "dependency") for tree in read_conllu(tmp_path / "parses.conllu").values()]
+
+
+@pytest.mark.parametrize("fine_tuned", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_raw_inputs_equal_the_offline_pipeline_on_real_data(realdata, tmp_path, fine_tuned):
+    """Real JPEGs + boxes and real parse triplets: the export's embeddings and S_kl equal the offline
+    pipeline's (`extract_fragment_features` + the cache's top layer, `encode_fragments`, the Keras model)."""
+    from PIL import Image
+
+    from tf_twobranch.data.sentence_fragments import encode_fragments
+    from tf_twobranch.export import serving
+    from tf_twobranch.export.fragment_embedding import triplet_request
+    from tf_twobranch.features.image_fragments import extract_fragment_features
+    from tf_twobranch.features.prepare_fragments import (FragmentImages, _folded_top_layer, _scene_cnn_cut,
+                                                         fragment_cnn)
+    from tf_twobranch.features.scene_cnn import build_scene_cnn
+    from tf_twobranch.sampling.fragment_batches import padded_sentence_arrays
+    from tests.baselines import randomize_weights
+
+    _, extractor = build_scene_cnn(48, 10, feature_dim=8, widths=(4, 4, 8, 8))
+    randomize_weights(extractor, seed=2)
+    paths = [realdata / "flickr30k" / "images" / f"{i}.jpg" for i in REAL_IMAGES]
+    # Two boxes per image but one for the last (inclusive pixels; one with fractional corners).
+    boxes = np.zeros((3, 2, 4), np.float32)
+    for n, path in enumerate(paths):
+        width, height = Image.open(path).size
+        boxes[n] = [[0.1 * width, 0.25 * height, 0.6 * width, height - 1], [10, 20, 130, 99]]
+    num_boxes = np.array([2, 2, 1], np.int32)
+    inputs, mask = extract_fragment_features(dict(zip(REAL_IMAGES, paths)),
+                                             {i: boxes[n, :num_boxes[n]] for n, i in enumerate(REAL_IMAGES)},
+                                             _scene_cnn_cut(extractor), detections=19)
+    # As pipelines.fragment_embeddings.image_inputs: the cut activations for a fine-tuned row, else the features.
+    features = inputs if fine_tuned else FragmentImages(REAL_IMAGES, inputs, mask,
+                                                        _folded_top_layer(extractor)).features()
+    parses = _real_parses(realdata, tmp_path)
+    relations = ["det", "nsubj", "prep", "pobj", "amod"]            # others (e.g. dobj, aux) are dropped
+    words = sorted({w for triplets in parses for t in triplets for w in (t.word1, t.word2)} - {"pink", "stairs"})
+    rng = np.random.default_rng(0)
+    head_dim = 6 if fine_tuned else 0
+    config = FragmentEmbeddingConfig(image_dim=int(features.shape[2]), num_relations=len(relations),
+                                     vocabulary_size=len(words), word_dim=4, embed_dim=5, image_head_dim=head_dim)
+    model = build_fragment_model(config, rng.normal(size=(len(words), 4)).astype(np.float32))
+    model.image_projection.bias.assign(rng.normal(size=5).astype(np.float32))
+    export_dir = export_fragment_model(model, tmp_path / "export", relations=relations, words=words,
+                                       image_cnn=fragment_cnn(extractor, "scene_cnn", fine_tuned=fine_tuned))
+    loaded = tf.saved_model.load(str(export_dir))
+    assert {"embed_images", "score_jpeg", "embed_sentences"} <= set(loaded.signatures)
+
+    # Offline: the model on the cached features and on the encoded fragments (unknown ones dropped).
+    v_offline = model.embed_image_fragments(np.asarray(features, np.float32)).numpy()
+    encoded = encode_fragments(parses, relations, {w: i for i, w in enumerate(words)})
+    assert 0 < len(encoded.relation) < sum(len(t) for t in parses)      # some dropped, some kept
+    padded = padded_sentence_arrays(encoded.relation, encoded.word1, encoded.word2, encoded.row_splits)
+    s_offline = model.embed_sentence_fragments(padded["relation"], padded["word1"], padded["word2"])
+    scores_offline = global_scores(v_offline, mask, s_offline, padded["sentence_mask"],
+                                   **model.config.score_options()).numpy()
+
+    jpegs = [path.read_bytes() for path in paths]
+    image_input = {"image_jpeg": jpegs, "boxes": boxes, "num_boxes": num_boxes}
+    got = serving.call_signature(loaded, "embed_images", **image_input)
+    np.testing.assert_array_equal(got["image_mask"].numpy(), mask[:, :3])
+    served = got["image_fragment_embedding"].numpy()
+    np.testing.assert_allclose(served[mask[:, :3]], v_offline[mask], atol=1e-4)
+    request = triplet_request(parses)
+    got = serving.call_signature(loaded, "embed_sentences", **request)
+    kept = got["sentence_mask"].numpy()
+    np.testing.assert_array_equal(kept.sum(axis=1), np.diff(encoded.row_splits))
+    np.testing.assert_allclose(got["sentence_fragment_embedding"].numpy()[kept],
+                               s_offline.numpy()[padded["sentence_mask"]], atol=1e-4)
+    scores = serving.call_signature(loaded, "score_jpeg", **image_input, **request)["scores"].numpy()
+    assert np.ptp(scores_offline) > 1e-3                                 # not vacuous
+    np.testing.assert_allclose(scores, scores_offline, atol=1e-4)
+    assert {"embed_images", "score_jpeg", "embed_sentences"} <= {name for name, _ in read_warmup_requests(export_dir)}
+    serving.replay_warmup_file(export_dir)
+
+
+def test_serving_doc_spacy_recipe_feeds_embed_sentences(tmp_path):
+    """docs/SERVING.md's client-side parse recipe, run as written (a saved stand-in parser pipeline
+    for en_core_web_sm), gives ``embed_sentences`` its inputs."""
+    pytest.importorskip("spacy")
+    import re
+
+    from test_spacy_parses import saved_chain_parser_pipeline
+    from tf_twobranch.export.fragment_embedding import FragmentServingModule
+
+    doc = (REPO_ROOT / "docs" / "SERVING.md").read_text(encoding="utf-8")
+    recipe = next(block for block in re.findall(r"```python\n(.*?)```", doc, re.S) if "load_spacy_model" in block)
+    pipeline = saved_chain_parser_pipeline(tmp_path / "pipeline")
+    namespace = {}
+    exec(recipe.replace('"en_core_web_sm"', repr(str(pipeline))), namespace)   # noqa: S102 - the doc's own code
+    request = namespace["request"]
+    # The chain parser labels every edge "dep": fragments (dep, next word, word), lower-cased.
+    assert request["relation"][0][:2] == ["dep", "dep"] and request["word1"][0][:2] == ["dog", "runs"]
+    words = sorted({w for name in ("word1", "word2") for row in request[name] for w in row if w})
+    config = FragmentEmbeddingConfig(image_dim=6, num_relations=1, vocabulary_size=len(words), word_dim=4,
+                                     embed_dim=5)
+    module = FragmentServingModule(build_fragment_model(config, np.ones((len(words), 4), np.float32)), ["dep"],
+                                   words)
+    out = module.embed_sentences(**{k: tf.constant(v) for k, v in request.items()})
+    np.testing.assert_array_equal(out["sentence_mask"].numpy(), np.array(request["relation"]) != "")

@@ -18,6 +18,7 @@ from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation.pointing_game import heat_map_maximum
 from tf_twobranch.export.npair_localization import export_npair_model
 from tf_twobranch.export.serving import read_warmup_requests
+from tf_twobranch.features.images import load_images_at_size, resize
 from tf_twobranch.features.prepare_npair import encode_token_lists
 from tf_twobranch.features.scene_cnn import build_scene_cnn
 from tf_twobranch.losses.localization_volume import localization_volume
@@ -45,14 +46,12 @@ def _jpeg(seed: int, height: int = SIZE, width: int = SIZE) -> bytes:
 
 
 def _pixels(jpegs) -> np.ndarray:
-    """The model's input images, decoded by PIL; other sizes resized whole (bilinear, antialiased) and rounded."""
+    """The model's input images as `load_images_at_size` makes them: decoded by PIL, other sizes resized
+    whole by PIL's bilinear resize (`features.images.resize`)."""
     out = []
     for data in jpegs:
-        image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), np.float32)
-        if image.shape[:2] != (SIZE, SIZE):
-            image = np.round(np.clip(tf.image.resize(image, [SIZE, SIZE], method="bilinear",
-                                                     antialias=True).numpy(), 0, 255))
-        out.append(image)
+        image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        out.append(resize(image, SIZE, SIZE).astype(np.float32))
     return np.stack(out)
 
 
@@ -202,3 +201,52 @@ def test_saved_model_cli_run(exported, tmp_path):
     want = _keras_outputs(model, jpegs, CAPTIONS[:2])
     np.testing.assert_allclose(np.load(tmp_path / "out" / "score.npy"), want["score"], atol=1e-4)
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "points.npy"), want["points"])
+
+
+def test_real_jpegs_and_captions_equal_the_offline_pipeline(realdata, tmp_path):
+    """Real Flickr30K JPEGs and their raw captions: the export's pixels are `load_images_at_size`'s bit
+    for bit, and its scores and heat maps equal the offline pipeline's (backbone maps of those pixels,
+    `encode_token_lists`, the Keras model)."""
+    from tf_twobranch.export import serving
+
+    ids = ["100652400", "1016887272", "101958970", "4945942737"]
+    paths = [realdata / "flickr30k" / "images" / f"{i}.jpg" for i in ids]
+    wanted = {f"{i}.jpg#{k}" for i in ids for k in (0, 3)}
+    captions = {}
+    with open(realdata / "flickr30k" / "captions_multi30k.token", encoding="utf-8") as lines:
+        for line in lines:
+            key, _, caption = line.rstrip("\n").partition("\t")
+            if key in wanted:
+                captions[key] = caption
+    pairs = [(n, captions[f"{i}.jpg#{k}"]) for k in (0, 3) for n, i in enumerate(ids)]
+    tokens = [tokenize_caption(c) for _, c in pairs]
+    words = sorted({t for caption in tokens for t in caption} - {"hat", "climbers"})   # two words dropped
+    vocabulary = ["<pad>", "<unk>", "<start>", "<end>"] + words
+    max_words = max(sum(t in words for t in caption) for caption in tokens)
+    config = NPairLocalizationConfig(vocabulary_size=len(vocabulary), map_channels=8, map_size=2, word_dim=6,
+                                     embed_dim=8, max_tokens=max_words + 2)
+    _, extractor = build_scene_cnn(SIZE, 10, feature_dim=8, widths=(4, 4, 8, 8))
+    backbone = keras.Model(extractor.input, extractor.get_layer("global_pool").input)
+    rng = np.random.default_rng(1)
+    model = build_npair_model(config, rng.normal(size=(len(vocabulary), 6)).astype(np.float32), backbone=backbone)
+    export_dir = export_npair_model(model, tmp_path / "export", vocabulary=vocabulary)
+    loaded = tf.saved_model.load(str(export_dir))
+
+    jpegs = [paths[n].read_bytes() for n, _ in pairs]
+    offline_pixels = load_images_at_size([paths[n] for n, _ in pairs], SIZE)
+    served_pixels = serving.decode_jpeg_batch(tf.constant(jpegs), SIZE, "image_jpeg", pil_resize=True).numpy()
+    np.testing.assert_array_equal(served_pixels, offline_pixels.astype(np.float32))
+    encoded = encode_token_lists(tokens, vocabulary, max_words)
+    batch = {"backbone_map": model.backbone(offline_pixels.astype(np.float32), training=False),
+             "token_ids": encoded.token_ids, "token_mask": encoded.token_mask}
+    score = model(batch, training=False).numpy()
+    maps, vectors = model.normalised(model.image_maps(batch), model.token_vectors(encoded.token_ids),
+                                     encoded.token_mask)
+    heat_maps = np.where(encoded.token_mask[:, :, None, None],
+                         np.transpose(localization_volume(maps, vectors).numpy(), [0, 3, 1, 2]), 0.0)
+    got = serving.call_signature(loaded, "localize", image_jpeg=jpegs, caption=[c for _, c in pairs])
+    assert np.ptp(score) > 1e-4                                        # not vacuous
+    np.testing.assert_allclose(got["score"].numpy(), score, atol=1e-4)
+    np.testing.assert_allclose(got["heat_maps"].numpy(), heat_maps, atol=1e-4)
+    np.testing.assert_array_equal(got["token_mask"].numpy(), encoded.token_mask)
+    serving.replay_warmup_file(export_dir)

@@ -21,12 +21,11 @@ Signature ``localize`` (also ``serving_default``), validated in the graph
   position that is not a word has an all-zero map and so points at (0, 0);
   read ``token_mask``. Scale x by W/S and y by H/S for the original image.
 
-Images: decoded (JPEGs with the accurate DCT, as PIL), resized whole to the
-backbone's square input S (aspect ratio not kept, nothing cropped) and
-rounded to whole grey levels, the uint8 pixels of
-`tf_twobranch.features.images.load_images_at_size` that the backbone maps
-were computed from (an S×S image is not changed; a resized one differs from
-PIL's resize by at most one grey level).
+Images: decoded (JPEGs with the accurate DCT, as PIL) and resized whole to the
+backbone's square input S (aspect ratio not kept, nothing cropped) by
+`tf_twobranch.features.images.tf_pil_resize`: exactly the uint8 pixels of
+`tf_twobranch.features.images.load_images_at_size` (PIL's bilinear resize)
+that the backbone maps were computed from (an S×S image is not changed).
 
 Captions: encoded as `tf_twobranch.features.prepare_npair.encode_token_lists`
 does: tokenized in the graph (`TokenCoder`, the tokens of
@@ -34,6 +33,20 @@ does: tokenized in the graph (`TokenCoder`, the tokens of
 ``<start> words <end>`` padded with ``<end>`` to ``max_tokens`` (=
 max_words + 2). Training clips nothing it scores silently, so a request
 does not either: a caption with more than max_words known words is rejected.
+
+Retrieval (exported with ``gallery=``, `npair_gallery` /
+`tf_twobranch.export.retrieval.gallery_from_model`): ``retrieve_captions``
+(``image_jpeg`` (B,), ``k``) and ``retrieve_images`` (``caption`` (B,), ``k``)
+→ the top-k gallery ``caption_ids`` / ``image_ids``, their indices and
+scores, best first (`tf_twobranch.export.retrieval`). The gallery holds each
+gallery image's projected map and each gallery caption's token vectors (with
+the mask of its words), both normalised as the model's score normalises
+them, computed as ``model.evaluate`` computes them; a query is scored
+against them with the model's aggregator (S_MaxImage by default) and token
+average, the score ``evaluate`` ranks by. Gallery captions are the split's
+token rows as evaluated (clipped to max_words); a query caption longer
+than that is rejected, as by ``localize``. The gallery is H·W·d floats per
+image and T·d per caption (5,000 VGG maps at d = 1,024: 4 GB).
 
 Bad requests fail with ``InvalidArgumentError`` naming the input and the
 index of the first bad element: bytes that are not a JPEG/PNG or do not
@@ -52,20 +65,27 @@ from __future__ import annotations
 import collections
 import json
 import pathlib
+import tempfile
 from typing import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.data.text_codes import TokenCoder
 from tf_twobranch.data.tokenize import PAD_TOKEN, UNK_TOKEN, tokenize_caption
 from tf_twobranch.errors import ConfigError
+from tf_twobranch.evaluation import localization_maps
 from tf_twobranch.export import serving
+from tf_twobranch.export.retrieval import RetrievalGallery, add_retrieval_signatures
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.losses import localization_volume as volume
 from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN, NPairLocalizationModel
 
-__all__ = ["RESERVED_TOKENS", "NPairServingModule", "export_npair_model"]
+__all__ = ["RESERVED_TOKENS", "NPairServingModule", "export_npair_model", "npair_gallery"]
+
+# Products of one gallery block per query row (H·W·T per image–caption pair): bounds a retrieval request's memory.
+BLOCK_PRODUCTS = 2 ** 22
 
 #: The first four vocabulary entries (`tf_twobranch.features.prepare_npair.caption_inputs`); words follow.
 RESERVED_TOKENS = (PAD_TOKEN, UNK_TOKEN, START_TOKEN, END_TOKEN)
@@ -98,7 +118,8 @@ def _first_true(condition):
 class NPairServingModule(tf.Module):
     """The N-pair model from image bytes and caption strings to scores, maps and points."""
 
-    def __init__(self, model: NPairLocalizationModel, vocabulary: Sequence[str]):
+    def __init__(self, model: NPairLocalizationModel, vocabulary: Sequence[str], *,
+                 gallery: RetrievalGallery | None = None, gallery_block: int | None = None):
         super().__init__(name="npair_localization_serving")
         cfg = model.config
         if model.backbone is None:
@@ -152,14 +173,44 @@ class NPairServingModule(tf.Module):
                     "points": self._points(heat_maps)}
 
         self.localize = localize
+        self.has_gallery = gallery is not None
+        if gallery is not None:
+            if gallery.caption_mask is None:
+                raise ConfigError("an N-pair gallery holds the mask of its captions' words (npair_gallery builds it)")
+            depth = int(cfg.embed_dim)
+
+            def query_maps(image_jpeg):
+                # As `localization_maps.evaluation_maps`: a map's normalisation reads only that map.
+                maps = model.image_maps({"backbone_map": self.backbone(self._pixels(image_jpeg), training=False)},
+                                        training=False)
+                return model.normalised(maps, tf.zeros([1, 1, depth]), tf.ones([1, 1], tf.bool))[0]
+
+            def query_tokens(caption):
+                # As `localization_maps.token_vector_rows`: a caption's normalisation reads only that caption.
+                token_ids, token_mask = self._caption_ids(caption)
+                tokens = model.token_vectors(token_ids, training=False)
+                return model.normalised(tf.zeros([1, 1, 1, depth]), tokens, token_mask)[1], token_mask
+
+            if gallery_block is None:
+                products = int(np.prod(np.shape(gallery.image_embeddings)[1:3])) * self.max_tokens
+                gallery_block = max(1, BLOCK_PRODUCTS // max(1, products))
+            add_retrieval_signatures(
+                self, gallery, image_spec=tf.TensorSpec([None], tf.string, name="image_jpeg"),
+                text_spec=tf.TensorSpec([None], tf.string, name="caption"), embed_image=query_maps,
+                embed_text=query_tokens, block_rows=gallery_block, autograph=False,
+                pair_scores=lambda maps, captions: volume.pairwise_localization_scores(
+                    maps, *captions, aggregator=cfg.aggregator, token_average=cfg.token_average))
 
     def signatures(self) -> dict:
-        return {"serving_default": self.localize, "localize": self.localize}
+        out = {"serving_default": self.localize, "localize": self.localize}
+        if self.has_gallery:
+            out.update(retrieve_captions=self.retrieve_captions, retrieve_images=self.retrieve_images)
+        return out
 
     # ------------------------------------------------------------------ inputs
     def _pixels(self, image_jpeg):
-        """(B, S, S, 3) float32 whole grey levels: the uint8 images of `load_images_at_size`."""
-        pixels = tf.round(serving.decode_jpeg_batch(image_jpeg, self.image_size, "image_jpeg"))
+        """(B, S, S, 3) float32: the uint8 images of `load_images_at_size` (PIL's bilinear resize, bit for bit)."""
+        pixels = serving.decode_jpeg_batch(image_jpeg, self.image_size, "image_jpeg", pil_resize=True)
         pixels.set_shape([None, self.image_size, self.image_size, 3])
         return pixels
 
@@ -216,10 +267,37 @@ class NPairServingModule(tf.Module):
         images = [warmup_jpeg(self.image_size, self.image_size),
                   warmup_jpeg(self.image_size // 2 + 1, self.image_size + 3)]
         request = {"image_jpeg": images, "caption": captions}
-        return [("localize", request), ("serving_default", request)]
+        requests = [("localize", request), ("serving_default", request)]
+        if self.has_gallery:
+            requests += [("retrieve_captions", {"image_jpeg": images, "k": np.int32(1)}),
+                         ("retrieve_images", {"caption": captions, "k": np.int32(1)})]
+        return requests
+
+
+def npair_gallery(model: NPairLocalizationModel, split, image_ids: Sequence[str],
+                  caption_ids: Sequence[str]) -> RetrievalGallery:
+    """The retrieval gallery of a test split (an `NPairEvaluationSplit`), computed as
+    ``model.evaluate`` computes it: the projected maps and the token vectors, each normalised
+    as the model's score normalises them (`localization_maps.evaluation_maps`,
+    `localization_maps.token_vector_rows`), with the mask of the captions' words."""
+    token_mask = getattr(split, "token_mask", None)
+    if token_mask is None:
+        raise ConfigError("an N-pair gallery is built from an NPairEvaluationSplit (backbone maps, token ids and "
+                          "their token_mask): load_run(run_dir).evaluation_split() or "
+                          "tf_twobranch.pipelines.npair_localization.evaluation_split")
+    with tempfile.TemporaryDirectory(prefix=".npair_gallery_") as folder:
+        maps = localization_maps.evaluation_maps(model, split.image, folder)
+        images = np.array(maps.normalised, np.float32)       # copied out of the temporary files
+        tokens = localization_maps.token_vector_rows(model, split.text, token_mask,
+                                                     pathlib.Path(folder) / "token_vectors.npy")
+        captions = np.array(tokens, np.float32)
+        del maps, tokens
+    return RetrievalGallery([str(i) for i in image_ids], images, [str(c) for c in caption_ids], captions,
+                            caption_mask=np.asarray(token_mask, bool))
 
 
 def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary: Sequence[str],
+                       gallery: RetrievalGallery | None = None, gallery_block: int | None = None,
                        run_config: dict | None = None, overwrite: bool = True,
                        model_name: str = "npair_localization") -> pathlib.Path:
     """Writes the serving SavedModel of `model` to `export_dir` (atomically; see the module docstring).
@@ -230,6 +308,10 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
       vocabulary: ``["<pad>", "<unk>", "<start>", "<end>", words...]`` in the
         row order of the word vectors (``vocabulary_size`` entries), as
         `tf_twobranch.features.prepare_npair.caption_inputs` builds it.
+      gallery: `npair_gallery` of a split: adds ``retrieve_captions`` /
+        ``retrieve_images`` (the model's score, as ``evaluate`` ranks).
+      gallery_block: gallery items scored per step of a retrieval request
+        (default: as many as keep a query's volume near 4M products).
       run_config: written to ``assets.extra/run_config.json`` (default
         ``{"model": model.config}``) with an ``"npair_export"`` entry: the
         vocabulary, the image size, max_words and the signatures.
@@ -250,14 +332,17 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
     """
     if pathlib.Path(export_dir).exists() and not overwrite:
         raise FileExistsError(f"{export_dir} exists")
-    module = NPairServingModule(model, vocabulary)
+    module = NPairServingModule(model, vocabulary, gallery=gallery, gallery_block=gallery_block)
     config = dict(run_config) if run_config else {"model": model.config.to_dict()}
     config["npair_export"] = {
         "vocabulary": list(module.vocabulary_words), "image_size": module.image_size,
         "max_words": module.max_words, "max_tokens": module.max_tokens,
-        "image_preprocessing": "whole image resized (bilinear, antialiased) to image_size x image_size, rounded",
+        "image_preprocessing": "whole image resized to image_size x image_size by PIL's bilinear rule "
+                               "(features.images.tf_pil_resize, as load_images_at_size)",
         "points": "(x, y) = (column, row) in the image_size x image_size input; (0, 0) where token_mask is False",
         "signatures": sorted(module.signatures())}
+    if gallery is not None:
+        config["npair_export"].update(gallery_images=len(gallery.image_ids), gallery_captions=len(gallery.caption_ids))
     path = save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
     serving.replay_warmup_file(path)
     return path

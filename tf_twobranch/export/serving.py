@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -51,6 +51,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tensorflow.core.framework import tensor_pb2
 
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.features.images import tf_pil_resize
 from tf_twobranch.image_decoding import describe_image_formats, tf_decode_image, tf_is_image_bytes
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "check_signature_inputs",
     "call_signature",
     "decode_jpeg_batch",
+    "map_decoded_images",
     "write_warmup_requests",
     "read_warmup_requests",
     "run_warmup_requests",
@@ -328,7 +330,7 @@ def _image_size(size) -> tuple[int, int]:
     return size
 
 
-def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
+def decode_jpeg_batch(jpeg_bytes, size, name: str, *, pil_resize: bool = False) -> tf.Tensor:
     """Decodes a (batch,) tensor of JPEG/PNG bytes to float32 RGB (batch, H, W, 3), 0..255.
 
     The batch wrapper of the package's one image decoder,
@@ -338,7 +340,11 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
     start with the JPEG or PNG magic bytes; otherwise an
     `InvalidArgumentError` names `name` and the index of the first bad
     element. Each image is resized (bilinear, antialiased, aspect ratio not
-    kept) to `size` (an int or (height, width)), the tower's input size. Bytes with valid magic bytes that the decoder
+    kept) to `size` (an int or (height, width)), the tower's input size; with
+    `pil_resize` by `tf_twobranch.features.images.tf_pil_resize`, whose
+    whole grey levels equal PIL's ``Image.resize(..., BILINEAR)`` (the offline
+    `features.images.resize`), otherwise by `tf.image.resize` (antialiased,
+    not rounded). Bytes with valid magic bytes that the decoder
     rejects (a truncated file, a corrupt body) raise an
     `InvalidArgumentError` naming `name`, the index of the first such
     element and how many there are, instead of the decoder's anonymous
@@ -346,6 +352,40 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
     to stderr).
     """
     height, width = _image_size(size)
+
+    def resize(image):
+        if pil_resize:
+            return tf.cast(tf_pil_resize(image, height, width), tf.float32)
+        resized = tf.image.resize(tf.cast(image, tf.float32), [height, width], method="bilinear",
+                                  antialias=True)
+        return tf.clip_by_value(resized, 0.0, 255.0)
+
+    (images,) = map_decoded_images(jpeg_bytes, name, lambda image: (resize(image),),
+                                   [(tf.float32, [height, width, 3])])
+    images.set_shape([None, height, width, 3])
+    return images
+
+
+def map_decoded_images(jpeg_bytes, name: str, fn: Callable, output_specs: Sequence[tuple], extra=()
+                       ) -> tuple:
+    """``fn(image, *extra_b)`` of every decoded image b of a (batch,) tensor of JPEG/PNG bytes, stacked.
+
+    The checks of `decode_jpeg_batch` (rank 1, batch >= 1, the magic bytes of
+    every element, then the elements the decoder rejects, each named by its
+    index), for any per-image computation on the uint8 (H, W, 3) image at its
+    own size (e.g. crops of its boxes).
+
+    Args:
+      jpeg_bytes: (batch,) string tensor; `name` names it in the errors.
+      fn: ``(image uint8 (H, W, 3), *elements of extra) -> tuple of tensors``.
+      output_specs: ``(dtype, shape)`` of each output of `fn` (a shape may be
+        a 1-D int tensor, e.g. with a size taken from a request's tensors).
+      extra: tensors whose first dimension is the batch (the caller checks
+        it), element b going with image b.
+
+    Returns:
+      One (batch, ...) tensor per output, in input order.
+    """
     jpeg_bytes = tf.convert_to_tensor(jpeg_bytes, tf.string)
     checks = _rank_and_batch_checks(jpeg_bytes, 1, name, "(batch,) of encoded image bytes")
     with tf.control_dependencies(checks):
@@ -361,22 +401,20 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
         flat = tf.identity(flat)
     count = tf.shape(flat, out_type=tf.int64)[0]
 
-    def decode_one(data):
+    def decode_one(index, data, *elements):
         # The magic bytes were checked above, for the whole batch.
-        image = tf_decode_image(data, check_format=False)
-        resized = tf.image.resize(tf.cast(image, tf.float32), [height, width], method="bilinear",
-                                  antialias=True)
-        return tf.clip_by_value(resized, 0.0, 255.0)
+        return (index, *fn(tf_decode_image(data, check_format=False), *elements))
 
     # A decoder error cannot be caught in a graph, but tf.data can drop the
     # elements that raise one (`ignore_errors`): the indices of the decoded
     # elements tell which failed. The order is kept (deterministic map).
-    decoded = tf.data.Dataset.from_tensor_slices((tf.range(count), flat)).map(
-        lambda index, data: (index, decode_one(data)),
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).ignore_errors().batch(2 ** 31 - 1)
+    decoded = tf.data.Dataset.from_tensor_slices((tf.range(count), flat, *extra)).map(
+        decode_one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).ignore_errors().batch(2 ** 31 - 1)
     # One batch of everything decoded; the empty batch when nothing was.
-    nothing = tf.data.Dataset.from_tensors((tf.zeros([0], tf.int64), tf.zeros([0, height, width, 3])))
-    indices, images = decoded.concatenate(nothing).take(1).get_single_element()
+    nothing = tf.data.Dataset.from_tensors(
+        (tf.zeros([0], tf.int64),
+         *[tf.zeros(tf.concat([[0], tf.cast(shape, tf.int32)], axis=0), dtype) for dtype, shape in output_specs]))
+    indices, *outputs = decoded.concatenate(nothing).take(1).get_single_element()
     # The decoded indices ascend, so the first failure is where they leave 0, 1, 2, ...
     first_bad = tf.reduce_sum(tf.cast(tf.equal(indices, tf.range(tf.size(indices, out_type=tf.int64))),
                                       tf.int64))
@@ -386,9 +424,7 @@ def decode_jpeg_batch(jpeg_bytes, size, name: str) -> tf.Tensor:
          "fine); first bad element index:", first_bad, "bad elements:",
          count - tf.size(indices, out_type=tf.int64), "of", count])
     with tf.control_dependencies([decode_check]):
-        images = tf.identity(images)
-    images.set_shape([None, height, width, 3])
-    return images
+        return tuple(tf.identity(output) for output in outputs)
 
 
 # --------------------------------------------------------------------------

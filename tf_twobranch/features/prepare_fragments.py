@@ -52,7 +52,7 @@ from tf_twobranch.features.prepare_regions import read_split_proposals
 from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.vectors import l2_normalize_rows
 
-__all__ = ["FragmentFeatureSpec", "FragmentImages", "image_fragment_inputs", "FragmentTextSpec",
+__all__ = ["FragmentFeatureSpec", "FragmentImages", "image_fragment_inputs", "fragment_cnn", "FragmentTextSpec",
            "FragmentText", "sentence_fragment_inputs"]
 
 # Layers of the scene CNN: the activation below its top layer, the top layer and its batch norm.
@@ -138,6 +138,35 @@ def _folded_top_layer(backbone: keras.Model) -> tuple[np.ndarray, np.ndarray]:
     return (kernel * scale[None, :]).astype(np.float32), (beta - mean * scale).astype(np.float32)
 
 
+def _scene_cnn_cut(backbone: keras.Model) -> keras.Model:
+    """The scene CNN up to the activation below its top layer (what the cache stores for it)."""
+    return keras.Model(backbone.input, backbone.get_layer(_CUT_LAYER).output)
+
+
+def fragment_cnn(backbone: keras.Model, image_backbone: str, *, fine_tuned: bool) -> keras.Model:
+    """The CNN from an image crop (S×S RGB 0..255) to the fragment model's image input, as this
+    module computes the inputs of a row (`image_fragment_inputs` then
+    `pipelines.fragment_embeddings.image_inputs`), for the raw-input export.
+
+    `backbone`: the row's backbone (`build_backbone`, or the cached scene CNN);
+    `image_backbone`: its name (``FragmentFeatureSpec.image_backbone``);
+    `fine_tuned`: the row's model owns the CNN's top layer (``image_head_dim``
+    > 0): its input is the activation below that layer. The scene CNN's top
+    layer otherwise comes with its batch norm folded in, as `FragmentImages.features`
+    applies it. Other backbones: the backbone itself.
+    """
+    if image_backbone != "scene_cnn":
+        return backbone
+    cut = _scene_cnn_cut(backbone)
+    if fine_tuned:
+        return cut
+    kernel, bias = _folded_top_layer(backbone)
+    top = keras.layers.Dense(kernel.shape[1], name="folded_top_layer")
+    outputs = top(cut.output)
+    top.set_weights([kernel, bias])
+    return keras.Model(backbone.input, outputs, name="fragment_cnn")
+
+
 def image_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, CaptionCorpus], cache_dir,
                           spec: FragmentFeatureSpec) -> dict[str, FragmentImages]:
     """`FragmentImages` of every split (computed once, then read from `cache_dir`)."""
@@ -182,7 +211,7 @@ def image_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, CaptionCor
                             else build_backbone(spec.image_backbone, weights_path=spec.backbone_weights))
                 if spec.image_backbone == "scene_cnn":
                     np.savez(folder / "head.npz", *_folded_top_layer(backbone))
-                    encoder = keras.Model(backbone.input, backbone.get_layer(_CUT_LAYER).output)
+                    encoder = _scene_cnn_cut(backbone)
                 else:
                     encoder = backbone
             start = time.time()
