@@ -50,6 +50,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_multi_string("row_flag", [], "TARGET:--flag=value added to runs: TARGET is a system key, "
                               "an experiment name (e.g. instance_loss) or '*' (every run whose experiment "
                               "has the flag). Repeatable.", **d)
+    flags.DEFINE_bool("orderings", True, "Also run the sibling rows the paper orderings need (b5, \u2020 "
+                      "without MIL, triplet, centre baseline) and print, for each ordering, the paired "
+                      "differences over seeds and whether it holds beyond the seed spread.", **d)
     flags.DEFINE_string("runs_dir", "", "Parent of the run folders (default runs/leaderboard).", **d)
     flags.DEFINE_string("out_dir", "", "Where the leaderboard files go (default <runs_dir>/<dataset>).", **d)
 
@@ -131,13 +134,23 @@ def run_leaderboard(f) -> dict:
             elif system.grounding:
                 entry["grounding"] = {"error": f"not run (--nogrounding): {system.grounding.flagfile}"}
             system_runs.setdefault(system.key, []).append(entry)
+    sibling_runs: dict[str, list[dict]] = {}
+    for key in (lb.siblings_needed(f.systems) if f.orderings else []):
+        run = lb.SIBLINGS[key]
+        print(f"=== ordering sibling {key} ({run.flagfile})", flush=True)
+        sibling = lb.System(key, key, "sibling", run, no_grounding="sibling")
+        sibling_runs[key] = [{"retrieval": run_one(sibling, run, seed, base / f"seed{seed}" / "siblings" / key, f)}
+                             for seed in seeds]
     board = lb.assemble(system_runs)
+    board["orderings"] = lb.check_orderings({**system_runs, **sibling_runs}) if f.orderings else []
     dataset = f.dataset_dir or "the embedded data"
     footer = [f"runs: {base}; wall time of this invocation {time.time() - start:.0f} s "
               f"({sum(r['reused'] for r in board['rows'])} of {len(board['rows'])} systems reused)"]
     if not f.dataset_dir and f.reduced_epochs:
         footer.insert(0, lb.reduced_epochs_note() + "; every other run: its experiment's embedded profile")
     table = lb.format_table(board, dataset=dataset, seeds=seeds, footer=footer)
+    if board["orderings"]:
+        table += "\n\n" + lb.format_orderings(board["orderings"])
     meta = {"dataset": dataset, "seeds": seeds, "seconds": time.time() - start,
             "systems": [s.key for s in lb.SYSTEMS if s.key in f.systems],
             "typed_flags": common.typed_flags(f)}

@@ -87,6 +87,15 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     with open(files["png"], "rb") as png:
         assert png.read(8) == b"\x89PNG\r\n\x1a\n"
     assert lb.GROUNDING_RULE in table and "protocol full" in table
+    # Paper orderings: every ordering is checked on this one seed, sibling rows on the same split
+    # and phrases (nothing set aside as measured elsewhere).
+    orderings = {o["claim"]: o for o in board["orderings"]}
+    assert set(orderings) == {o.claim for o in lb.ORDERINGS}
+    for claim, o in orderings.items():
+        assert len(o["seeds"]) == 1 and not o["notes"], (claim, o["notes"])
+        assert o["verdict"].startswith("one seed: spread unknown")
+    assert "Paper orderings on this data" in table and lb.ORDERING_RULE in table
+    assert saved["orderings"] == board["orderings"]
     assert f"grounding phrases: {phrases['num_phrases']} (phrase fingerprint {phrases['phrase_fingerprint']})" in table
 
 
@@ -194,3 +203,47 @@ def test_a_finished_run_without_its_grounding_is_not_reused(tmp_path):
     assert lb.finished_run(tmp_path, ["--seed=0"], needs_grounding=True) is None
     json_files.write_json(tmp_path / "results.json", {**_record("sha256:a", 60.0), "grounding": _grounded("p", 1.0)})
     assert lb.finished_run(tmp_path, ["--seed=0"], needs_grounding=True) is not None
+
+
+def _entry(rsum=None, stage1=None, pointing=None, split="sha256:a", phrases="sha256:p"):
+    record = _record(split, rsum) if rsum is not None else {"protocol": None, "test_split_fingerprint": None}
+    if stage1 is not None:
+        record["stages"] = [{"stage": 1, "metrics": {"rsum": stage1}}, {"stage": 2, "metrics": record["metrics"]}]
+    if pointing is not None:
+        record["grounding"] = {"phrase_fingerprint": phrases, "num_phrases": 7, "pointing_accuracy": pointing}
+    return _run(record)
+
+
+def test_orderings_are_paired_by_seed_and_judged_against_the_spread():
+    npair = lb.Ordering("n", "p", lb.Side("N-pair", "npair", "pointing"), lb.Side("t", "triplet", "pointing"))
+    stages = lb.Ordering("s", "p", lb.Side("II", "dual_path"), lb.Side("I", "dual_path", "stage1_rsum"))
+    emb = lb.Ordering("e", "p", lb.Side("b6", "embedding"), lb.Side("b5", "b5"))
+    entries = {"npair": [_entry(10, pointing=p) for p in (50, 52, 54)],
+               "triplet": [_entry(pointing=p) for p in (40, 41, 42)],
+               "dual_path": [_entry(30, stage1=s) for s in (29, 31, 20)],
+               "embedding": [_entry(100), _entry(110), _entry(120, split="sha256:other")],
+               "b5": [_entry(90), _entry(111), _entry(100)]}
+    rows = {r["claim"]: r for r in lb.check_orderings(entries, [npair, stages, emb])}
+    # N-pair: +10, +11, +12 -> positive on every seed, mean 11 > 2 x std 1.
+    assert [d["difference"] for d in rows["n"]["seeds"]] == [10, 11, 12]
+    assert rows["n"]["verdict"] == "yes" and rows["n"]["beyond_spread"]
+    # Stage II - Stage I: +1, -1, +10 -> the sign changes with the seed.
+    assert rows["s"]["verdict"] == "no: the sign changes with the seed" and not rows["s"]["beyond_spread"]
+    # A seed measured on another split is not compared, and says so.
+    assert [d["seed"] for d in rows["e"]["seeds"]] == [0, 1]
+    assert "seed 2: measured on different splits" in rows["e"]["notes"][0]
+    assert rows["e"]["verdict"] == "no: the sign changes with the seed"
+    within = lb.check_orderings({"npair": [_entry(1, pointing=p) for p in (50, 60)],
+                                 "triplet": [_entry(pointing=p) for p in (49, 40)]}, [npair])[0]
+    assert within["verdict"] == "no: holds on every seed, within the spread"
+    # Grounding on other phrases is not compared.
+    other = lb.check_orderings({"npair": [_entry(1, pointing=50)],
+                                "triplet": [_entry(pointing=40, phrases="sha256:q")]}, [npair])[0]
+    assert other["difference"] is None and other["verdict"].startswith("not measured")
+    assert "n" in lb.format_orderings([rows["n"]]) and "+10.0, +11.0, +12.0" in lb.format_orderings([rows["n"]])
+
+
+def test_siblings_are_run_only_for_the_selected_systems():
+    assert lb.siblings_needed(lb.SYSTEM_KEYS) == ["b5", "fragment_global", "triplet", "centre"]
+    assert lb.siblings_needed(["cca", "embedding"]) == ["b5"]
+    assert lb.siblings_needed(["random", "dual_path"]) == []

@@ -119,6 +119,159 @@ SYSTEMS: tuple[System, ...] = (
 SYSTEM_KEYS = tuple(s.key for s in SYSTEMS)
 
 
+# ---------------------------------------------------------------------------- paper orderings
+
+# The sibling rows the paper orderings below need beside the leaderboard's systems (same
+# protocol and split; the N-pair rows grounded on the same phrases).
+SIBLINGS: dict[str, Run] = {
+    "b5": Run("image_sentence_retrieval", "table2_b5_nonlinear_bidir_nbr_sampling", _COMMON),
+    "fragment_global": Run("fragment_embeddings", "karpathy_table3_fragment_global", _COMMON),
+    "triplet": Run("npair_localization", "das_table2_triplet", (*_COMMON, "--row_metric=auto")),
+    "centre": Run("npair_localization", "das_table2_centre", _COMMON),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of an ordering: a leaderboard system's or a sibling's record, and its metric:
+    'rsum' (retrieval), 'pointing' / 'box_r1' (grounding), or 'stage1_rsum' (the first stage of a
+    staged record, e.g. the dual path's Stage I)."""
+    label: str
+    source: str
+    metric: str = "rsum"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ordering:
+    """A claim of a paper (`paper`) that `better` scores above `worse`, checked seed by seed."""
+    claim: str
+    paper: str
+    better: Side
+    worse: Side
+
+
+ORDERINGS: tuple[Ordering, ...] = (
+    Ordering("neighbourhood constraints help", "TPAMI Table 2 (b5 < b6)",
+             Side("b6 full model", "embedding"), Side("b5 nbr. sampling", "b5")),
+    Ordering("embedding network beats the similarity network", "TPAMI Table 2 (b6 > d)",
+             Side("embedding", "embedding"), Side("similarity", "similarity")),
+    Ordering("embedding network beats CCA", "TPAMI Table 2 (b6 > a1)",
+             Side("embedding", "embedding"), Side("CCA", "cca")),
+    Ordering("embedding network localizes phrases better than CCA", "TPAMI Table 1 (b6 > a)",
+             Side("embedding", "embedding", "box_r1"), Side("CCA", "cca", "box_r1")),
+    Ordering("similarity network localizes phrases better than CCA", "TPAMI Table 1 (c4 > a)",
+             Side("similarity", "similarity", "box_r1"), Side("CCA", "cca", "box_r1")),
+    Ordering("Stage II beats Stage I", "Zheng Table 1",
+             Side("Stage II", "dual_path"), Side("Stage I", "dual_path", "stage1_rsum")),
+    Ordering("MIL helps", "Karpathy Table 3 (\u2020 + MIL > \u2020)",
+             Side("\u2020 + MIL", "fragments"), Side("\u2020 fragment + global", "fragment_global")),
+    Ordering("N-pair beats triplet (pointing game)", "Das Table 2",
+             Side("N-pair", "npair", "pointing"), Side("triplet", "triplet", "pointing")),
+    Ordering("N-pair beats the centre baseline (pointing game)", "Das Table 2",
+             Side("N-pair", "npair", "pointing"), Side("centre", "centre", "pointing")),
+    *(Ordering(f"{key} beats random ranking", "every paper", Side(key, key), Side("random", "random"))
+      for key in ("cca", "embedding", "similarity", "dual_path", "fragments", "npair")),
+)
+ORDERING_RULE = ("an ordering holds beyond the seed spread when the paired difference (better - worse, "
+                 "same seed) is positive on every seed and its mean exceeds twice its standard deviation "
+                 "over seeds; with one seed the spread is unknown")
+
+
+def siblings_needed(systems: Sequence[str]) -> list[str]:
+    """The sibling rows of the orderings whose leaderboard systems are all in `systems`."""
+    keys = set(systems)
+    needed = []
+    for o in ORDERINGS:
+        sides = (o.better.source, o.worse.source)
+        if all(s in keys or s in SIBLINGS for s in sides) and any(s in keys for s in sides):
+            needed += [s for s in sides if s in SIBLINGS and s not in needed]
+    return needed
+
+
+def _side_record(side: Side, entry: dict) -> dict | None:
+    """The record of one seed's `entry` that holds `side`'s metric."""
+    system = next((s for s in SYSTEMS if s.key == side.source), None)
+    if side.metric in ("pointing", "box_r1") and system is not None:
+        source = system.grounding_source(entry) or {}
+    else:
+        source = entry.get("retrieval") or {}
+    return source.get("record")
+
+
+def side_value(side: Side, entry: dict) -> tuple[float | None, tuple | None]:
+    """(value, what it was measured on) of `side` in one seed's entry; (None, None) if absent.
+    Retrieval values are measured on (protocol, test split), grounding values on a phrase set."""
+    record = _side_record(side, entry)
+    if not record:
+        return None, None
+    if side.metric in ("pointing", "box_r1"):
+        cells = grounding_cells(record)
+        if side.metric not in cells:
+            return None, None
+        return cells[side.metric], ("phrases", cells["phrase_fingerprint"], cells["num_phrases"])
+    if side.metric == "stage1_rsum":
+        stages = record.get("stages") or []
+        value = ((stages[0].get("metrics") or {}).get("rsum") if len(stages) > 1 else None)
+    else:
+        value = (record.get("metrics") or {}).get(side.metric)
+    return (None, None) if value is None else (float(value), ("split",) + split_identity(record))
+
+
+def check_orderings(entries: dict[str, list[dict]], orderings: Sequence[Ordering] = ORDERINGS) -> list[dict]:
+    """Every ordering with both sides present: the paired differences per seed and the verdict.
+
+    `entries[key]` is one entry per seed (index = seed) for a system or a sibling key, as in
+    `assemble`. Sides measured on different splits, protocols or phrase sets are not compared."""
+    out = []
+    for o in orderings:
+        better_runs, worse_runs = entries.get(o.better.source), entries.get(o.worse.source)
+        if not better_runs or not worse_runs:
+            continue
+        diffs, notes = [], []
+        for seed, (b, w) in enumerate(zip(better_runs, worse_runs)):
+            (bv, bon), (wv, won) = side_value(o.better, b), side_value(o.worse, w)
+            if bv is None or wv is None:
+                notes.append(f"seed {seed}: {'better' if bv is None else 'worse'} side missing")
+            elif bon != won:
+                notes.append(f"seed {seed}: measured on different {bon[0]}s ({bon[1:]} vs {won[1:]})")
+            else:
+                diffs.append({"seed": seed, "better": bv, "worse": wv, "difference": bv - wv})
+        values = [d["difference"] for d in diffs]
+        summary = summarize(values)
+        if summary is None:
+            verdict = "not measured (" + "; ".join(notes) + ")"
+        elif summary["n"] == 1:
+            verdict = "one seed: spread unknown" + (" (holds)" if values[0] > 0 else " (reversed)")
+        elif all(v > 0 for v in values) and summary["mean"] > 2 * summary["std"]:
+            verdict = "yes"
+        elif all(v > 0 for v in values):
+            verdict = "no: holds on every seed, within the spread"
+        elif all(v < 0 for v in values):
+            verdict = "no: reversed on every seed"
+        else:
+            verdict = "no: the sign changes with the seed"
+        out.append({"claim": o.claim, "paper": o.paper, "better": o.better.label, "worse": o.worse.label,
+                    "metric": o.better.metric if o.better.metric == o.worse.metric
+                    else f"{o.better.metric} vs {o.worse.metric}",
+                    "seeds": diffs, "difference": summary, "beyond_spread": verdict == "yes",
+                    "verdict": verdict, "notes": notes})
+    return out
+
+
+def format_orderings(rows: Sequence[dict]) -> str:
+    """The orderings table: paired differences per seed, mean ± std, verdict."""
+    if not rows:
+        return ""
+    lines = ["Paper orderings on this data (" + ORDERING_RULE + "):"]
+    for r in rows:
+        per_seed = ", ".join(f"{d['difference']:+.1f}" for d in r["seeds"]) or "-"
+        s = r["difference"]
+        mean = "" if s is None else f"; mean {s['mean']:+.1f} \u00b1 {s['std']:.1f}"
+        lines.append(f"  {r['claim']} [{r['paper']}; {r['metric']}: {r['better']} - {r['worse']}]: "
+                     f"{per_seed}{mean} -> beyond the seed spread? {r['verdict']}")
+    return "\n".join(lines)
+
+
 def reduced_epochs_note() -> str:
     """The footer line stating what the embedded data's leaderboard shortens."""
     parts = [f"{s.key}: {' '.join(s.retrieval.embedded_flags)}" for s in SYSTEMS if s.retrieval.embedded_flags]
