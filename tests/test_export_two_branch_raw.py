@@ -146,3 +146,56 @@ def test_bad_elements_are_named(real, real_export):
     with pytest.raises(UserInputError, match=r"input 'image_jpeg': expected string of shape \(batch,\), got a "
                                              r"uint8 array .*\(pixels\?\)"):
         serving.call_signature(loaded, "embed_images", image_jpeg=np.zeros((1, 8, 8, 3), np.uint8))
+
+
+# ------------------------------------------------------------------ the pipeline's --export, end to end
+
+def test_pipeline_export_takes_jpeg_bytes_and_captions(tmp_path):
+    """The main job's row (b6: scene CNN ten crops, Fisher HGLMM) on a tiny generated dataset: --export writes
+    the raw-input export, its metadata names the raw inputs, and the test split's JPEG files and captions give
+    the embeddings of the cached features the row was evaluated on."""
+    from tensorflow.python.tools import saved_model_utils
+
+    from experiments import common
+    from experiments import image_sentence_retrieval as isr
+    from tf_twobranch.data.embedded import generate_embedded_dataset
+    from tf_twobranch.data.retrieval_data import load_caption_splits
+    from tf_twobranch.runs import load_run
+
+    dataset = generate_embedded_dataset(tmp_path / "scenes", num_images=50, splits=(30, 10, 10),
+                                        with_proposals=False)
+    fv = common.parse_flagfile(isr.define_flags,
+                               str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
+                               [f"--dataset_dir={dataset}", "--hidden_dim=16", "--embed_dim=8", "--batch_size=20",
+                                "--epochs=1", "--top_k=3", "--scene_cnn_epochs=1", "--word_dim=6", "--verbose=0",
+                                f"--run_dir={tmp_path / 'run'}", "--export"])
+    record = isr.run(fv)
+    export_dir = tmp_path / "run" / "export"
+    assert record["export_dir"] == str(export_dir)
+    assert record["export_inputs"] == {"image": "image_jpeg", "text": "captions", "notes": []}
+    serving_block = json.loads((export_dir / "assets.extra" / "run_config.json").read_text())["serving"]
+    assert serving_block["embed_images_input"] == "image_jpeg" and serving_block["embed_texts_input"] == "captions"
+    assert serving_block["text_encoder"] == "TFFisherVectorLayer"
+    size = serving_block["image_views"]["input_size"]
+    assert serving_block["image_views"] == {"input_size": size, "ten_crop": True, "crop_size": size * 7 // 8,
+                                            "resize_to": size}
+    # What `saved_model_cli show` prints: the SignatureDefs' input names, dtypes and shapes.
+    signatures = saved_model_utils.get_meta_graph_def(str(export_dir), "serve").signature_def
+    inputs = {name: {k: (tf.as_dtype(v.dtype).name, [d.size for d in v.tensor_shape.dim])
+                     for k, v in signatures[name].inputs.items()} for name in ("serving_default", "score_features")}
+    image_dim = serving_block["image_features_dim"]
+    assert inputs == {"serving_default": {"image_jpeg": ("string", [-1]), "captions": ("string", [-1])},
+                      "score_features": {"image_features": ("float32", [-1, image_dim]),
+                                         "text_features": ("float32", [-1, serving_block["text_features_dim"]])}}
+
+    run = load_run(tmp_path / "run")
+    split = run.evaluation_split()
+    test = load_caption_splits(dataset)["test"]
+    jpegs = [(dataset / "images" / f"{i}.jpg").read_bytes() for i in test.image_ids]
+    import tensorflow_text  # noqa: F401  (tokenizer ops of the in-graph text encoder)
+    loaded = tf.saved_model.load(str(export_dir))
+    images = serving.call_signature(loaded, "embed_images", image_jpeg=jpegs)["image_embedding"].numpy()
+    np.testing.assert_allclose(images, run.model.embed_images(np.asarray(split.image, np.float32)), atol=1e-4)
+    texts = serving.call_signature(loaded, "embed_texts", captions=list(test.captions))["text_embedding"].numpy()
+    np.testing.assert_allclose(texts, run.model.embed_texts(np.asarray(split.text, np.float32)), atol=1e-4)
+    serving.replay_warmup_file(export_dir)
