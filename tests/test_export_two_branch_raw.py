@@ -199,3 +199,28 @@ def test_pipeline_export_takes_jpeg_bytes_and_captions(tmp_path):
     texts = serving.call_signature(loaded, "embed_texts", captions=list(test.captions))["text_embedding"].numpy()
     np.testing.assert_allclose(texts, run.model.embed_texts(np.asarray(split.text, np.float32)), atol=1e-4)
     serving.replay_warmup_file(export_dir)
+
+
+def test_rows_on_user_features_keep_feature_inputs_and_say_why(tmp_path):
+    """Precomputed feature files (no backbone or encoder known), the precomp layout's region features and a
+    randomly initialised ImageNet backbone leave that side on feature inputs, with a note for the log and record."""
+    import types
+
+    from tf_twobranch.pipelines.two_branch_retrieval import RetrievalRecipe, serving_inputs
+
+    layout = types.SimpleNamespace(caption_format="karpathy", root=tmp_path)
+    given = RetrievalRecipe(image_features_train="i.npy", image_features_test="j.npy", text_features_train="t.npy",
+                            text_features_test="u.npy")
+    kwargs, notes = serving_inputs(given, layout, splits={})
+    assert kwargs == {}
+    assert len(notes) == 2 and "--image_features_{train,test}" in notes[0] and "--text_features" in notes[1]
+    assert all("the export takes" in note for note in notes)
+    lstm = RetrievalRecipe(text_encoder="lstm", image_backbone="vgg19")
+    kwargs, notes = serving_inputs(lstm, layout, splits={"train": None})
+    assert kwargs == {} and notes == ["image side: the vgg19 backbone was randomly initialised (no "
+                                      "--backbone_weights), so a rebuilt one would not give the row's features: "
+                                      "the export takes image_features"]
+    precomp = types.SimpleNamespace(caption_format="precomp", root=tmp_path)
+    _, notes = serving_inputs(RetrievalRecipe(text_encoder="lstm"), precomp, splits={})
+    assert notes == ["image side: the precomp layout's region features (no backbone known): the export takes "
+                     "image_features"]
