@@ -107,7 +107,11 @@ def print_record(record: dict) -> None:
         print(f"sentence-to-sentence R@1/5/10: {s['s2s_r1']:.1f} / {s['s2s_r5']:.1f} / "
               f"{s['s2s_r10']:.1f}")
     if record.get("export_dir"):
-        print(f"SavedModel: {record['export_dir']}")
+        inputs = record.get("export_inputs")
+        print(f"SavedModel: {record['export_dir']}"
+              + (f" (takes {inputs['image']} and {inputs['text']})" if inputs else ""))
+        for note in (inputs or {}).get("notes", []):
+            print(f"  {note}")
 
 
 def _main() -> None:

@@ -15,8 +15,9 @@ from PIL import Image
 from tests.baselines import randomize_weights
 from tf_twobranch.export import serving
 from tf_twobranch.data.tokenize import tokenize_caption
-from tf_twobranch.errors import ConfigError
+from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.export import export_saved_model
+from tf_twobranch.features.image_features import extract_image_features
 from tf_twobranch.features.text_features import TfidfEncoder
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 
@@ -26,6 +27,8 @@ SAVED_MODEL_CLI = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cl
 SAVED_MODEL_CLI_TEXT = [sys.executable, "-m", "tf_twobranch.tools.saved_model_cli"]
 IA = tf.errors.InvalidArgumentError
 SIGNATURES = ["embed_images", "embed_texts", "score", "serving_default"]
+# Raw-input exports keep feature-vector signatures for users with their own features.
+RAW_SIGNATURES = SIGNATURES + ["embed_image_features", "embed_text_features", "score_features"]
 CAPTIONS = ["a red seven on the left", "two blue threes above a green one", "a small yellow four",
             "the blue four on the right", "a red three and a green seven"]
 IMAGE_SIZE = 12
@@ -95,15 +98,29 @@ def test_feature_towers_round_trip(feature_export):
 
 
 @pytest.mark.parametrize("inputs,message", [
-    (dict(image_features=np.ones((2, 7), np.float32)), r"image_features must have shape \(batch, 6\)"),
-    (dict(image_features=np.ones((6,), np.float32)), r"image_features must have shape \(batch, 6\)"),
     (dict(image_features=np.ones((0, 6), np.float32)), "image_features is empty"),
-    (dict(image_features=tf.constant(["a"])), "expected to be a float tensor but is a string tensor"),
 ])
 def test_bad_feature_requests(feature_export, inputs, message):
     loaded = tf.saved_model.load(str(feature_export[1]))
     with pytest.raises(IA, match=message):
         loaded.signatures["embed_images"](**inputs)
+
+
+@pytest.mark.parametrize("inputs,message", [
+    (dict(image_features=np.ones((2, 7), np.float32)), r"expected float32 of shape \(batch, 6\), got a float32 "
+                                                       r"array of shape \(2, 7\)"),
+    (dict(image_features=np.ones((6,), np.float32)), r"expected float32 of shape \(batch, 6\)"),
+    (dict(image_features=np.array(["a"])), r"expected float32 of shape \(batch, 6\), got a <U1 array"),
+    (dict(image_features=np.ones((2, 6))), r"expected float32 of shape \(batch, 6\), got a float64 array"),
+])
+def test_feature_sizes_are_declared(feature_export, inputs, message):
+    """The signature declares (None, image_dim): a wrong shape or dtype is refused before the graph runs,
+    naming the input and the expected shape."""
+    loaded = tf.saved_model.load(str(feature_export[1]))
+    spec = serving.signature_input_specs(loaded.signatures["embed_images"])["image_features"]
+    assert spec.shape.as_list() == [None, 6]
+    with pytest.raises(UserInputError, match=r"signature 'embed_images', input 'image_features': " + message):
+        serving.call_signature(loaded, "embed_images", **inputs)
 
 
 @pytest.fixture(scope="module", params=["embedding", "similarity"])
@@ -147,7 +164,7 @@ def test_raw_input_warmup_file_replays_like_keras(raw_input_export):
     model, encoder, backbone, path = raw_input_export
     import tensorflow_text  # noqa: F401  (tokenizer ops of the in-graph text encoder)
     requests = serving.read_warmup_requests(path)
-    assert [name for name, _ in requests] == SIGNATURES
+    assert [name for name, _ in requests] == RAW_SIGNATURES
     loaded = tf.saved_model.load(str(path))
 
     def images(inputs):
@@ -157,6 +174,12 @@ def test_raw_input_warmup_file_replays_like_keras(raw_input_export):
         captions = [c.decode("utf-8") if isinstance(c, bytes) else str(c) for c in inputs["captions"]]
         return model.embed_texts(encoder.transform([tokenize_caption(c) for c in captions]))
 
+    def image_features(inputs):
+        return model.embed_images(inputs["image_features"])
+
+    def text_features(inputs):
+        return model.embed_texts(inputs["text_features"])
+
     for name, inputs in requests:
         outputs = {k: v.numpy() for k, v in
                    loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()}).items()}
@@ -164,6 +187,12 @@ def test_raw_input_warmup_file_replays_like_keras(raw_input_export):
             want = {"image_embedding": images(inputs)}
         elif name == "embed_texts":
             want = {"text_embedding": texts(inputs)}
+        elif name == "embed_image_features":
+            want = {"image_embedding": image_features(inputs)}
+        elif name == "embed_text_features":
+            want = {"text_embedding": text_features(inputs)}
+        elif name == "score_features":
+            want = {"scores": image_features(inputs) @ text_features(inputs).T}
         else:
             want = {"scores": images(inputs) @ texts(inputs).T}
         assert outputs.keys() == want.keys(), name
@@ -183,10 +212,9 @@ def test_similarity_network_scores(tmp_path):
 
 
 def _keras_image_embeddings(model, backbone, jpegs):
-    """The Keras path: PIL decode (= accurate-DCT JPEG decode), resize, backbone, image tower."""
-    resized = np.stack([tf.image.resize(np.asarray(Image.open(io.BytesIO(j)).convert("RGB"), np.float32),
-                                        [IMAGE_SIZE, IMAGE_SIZE], antialias=True).numpy() for j in jpegs])
-    return model.embed_images(backbone(resized, training=False).numpy())
+    """The offline path: PIL decode, `extract_image_features` (its default ten crops), the image tower."""
+    images = [np.asarray(Image.open(io.BytesIO(j)).convert("RGB")) for j in jpegs]
+    return model.embed_images(extract_image_features(images, backbone))
 
 
 def test_captions_and_jpeg_inputs_match_keras(raw_input_export):
@@ -206,9 +234,9 @@ def test_captions_and_jpeg_inputs_match_keras(raw_input_export):
         loaded.signatures["embed_images"](image_jpeg=tf.constant([jpegs[0], b"<html>not an image</html>"]))
     with pytest.raises(IA, match="captions must be non-empty strings"):
         loaded.signatures["embed_texts"](captions=tf.constant(["a dog", ""]))
-    with pytest.raises(IA, match=r"captions must have shape \(batch,\)"):
-        loaded.signatures["embed_texts"](captions=tf.constant([["a dog"]]))
-    assert [name for name, _ in serving.read_warmup_requests(path)] == SIGNATURES
+    with pytest.raises(UserInputError, match=r"input 'captions': expected string of shape \(batch,\)"):
+        serving.call_signature(loaded, "embed_texts", captions=[["a dog"]])
+    assert [name for name, _ in serving.read_warmup_requests(path)] == RAW_SIGNATURES
 
 
 def test_incompatible_encoder_or_backbone(tmp_path):
@@ -271,8 +299,9 @@ def test_saved_model_cli_show_and_run(feature_export, raw_input_export, lstm_exp
     assert rc == 0, err
     for name in SIGNATURES:
         assert f"signature_def['{name}']" in show
-    for name in ("image_jpeg", "captions"):   # dtype fixed, shape checked in the graph
-        assert f"inputs['{name}'] tensor_info:\n        dtype: DT_STRING\n        shape: unknown_rank" in show
+    for name in ("image_jpeg", "captions"):   # sizes declared (and checked in the graph too)
+        assert f"inputs['{name}'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1)" in show
+    assert "inputs['image_features'] tensor_info:\n        dtype: DT_FLOAT\n        shape: (-1, 6)" in show
     assert "outputs['image_embedding'] tensor_info:\n        dtype: DT_FLOAT\n        shape: (-1, 4)" in show
 
     rc, _, err = results[1]

@@ -64,6 +64,18 @@ def test_fisher_vector_layer_matches_numpy(corpus, word_vectors, mixture, pca_di
         np.testing.assert_allclose(hand[1], -encoder.pca_mean_ @ encoder.pca_components_.T, atol=1e-5)
 
 
+def test_hglmm_layer_on_a_word_at_a_component_mean(corpus, word_vectors):
+    """The Laplacian M-step's means are medians, i.e. word vectors: a word on a mean has sign 0 in numpy's
+    float32 differences, and must have it in the layer too (float64 differences gave +-1: 0.18 apart)."""
+    train, _ = corpus
+    encoder = FisherVectorEncoder(word_vectors, num_components=2, mixture="hglmm", max_iter=5, seed=0)
+    encoder.fit([tokenize_caption(c) for c in train[:400]])
+    row = word_vectors.index["dog"]
+    # A float64 mean that rounds to the float32 word vector (as a median of float64 data can).
+    encoder.means_[0] = word_vectors.vectors[row].astype(np.float64) + 1e-12
+    _compare(encoder, TFFisherVectorLayer.from_encoder(encoder), ["dog", "a dog runs", "dog dog"])
+
+
 def test_fisher_vector_layer_with_ica(corpus, word_vectors):
     train, test = corpus
     encoder = FisherVectorEncoder(word_vectors, num_components=2, mixture="hglmm", ica=True, max_iter=5)

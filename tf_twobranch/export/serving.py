@@ -4,16 +4,19 @@ validation, batch image decoding and the TF Serving warm-up file.
 (``saved_model_cli`` with the tensorflow-text ops registered is the
 command-line tool `tf_twobranch.tools.saved_model_cli`.)
 
-Why the input specs have no static shape: a shape in a signature's
-`TensorSpec` is enforced *before* the graph runs, by callers that each word
-it differently (a Python ``TypeError`` "Can not cast TensorSpec" from
-``loaded.signatures[...]``, a ``ValueError`` "Cannot feed value of shape"
-from ``saved_model_cli run``, and TF Serving's own wording, if it checks at
-all before feeding the placeholder). The specs of `string_batch_spec`, `feature_batch_spec`
-and `jpeg_batch_spec` therefore fix only the dtype; the validators below
-check rank and sizes inside the graph, so every caller gets the same
-``InvalidArgumentError`` naming the input and the expected shape. The
-expected shapes are listed in docs/SERVING.md and the exports' docstrings.
+Static or dtype-only input specs: a shape in a signature's `TensorSpec` is
+enforced *before* the graph runs, by callers that each word it differently (a
+Python ``TypeError`` "Can not cast TensorSpec" from ``loaded.signatures[...]``,
+a ``ValueError`` "Cannot feed value of shape" from ``saved_model_cli run``, a
+`UserInputError` naming the input from `call_signature`), while a dtype-only
+spec leaves every check to the validators below, which every caller sees as
+the same ``InvalidArgumentError`` naming the input and the expected shape.
+The spec helpers take the shape as an option: exports whose sizes are part of
+the interface (the two-branch export: ``(None, image_dim)``, ``(None,)``
+strings) declare them, so ``saved_model_cli show`` and TF Serving's metadata
+tell a client what to send; the validators still run inside the graph for
+clients that feed without checking. The expected shapes are listed in
+docs/SERVING.md and the exports' docstrings.
 
 A wrong *dtype* cannot be checked in the graph (a signature has one dtype
 per input); it is rejected by the runtime before the graph runs, as
@@ -81,22 +84,25 @@ IMAGE_FORMATS = describe_image_formats(_BATCH_FORMATS)   # "JPEG or PNG"
 
 
 # --------------------------------------------------------------------------
-# Input specs (dtype only; shapes are checked in the graph, see module doc).
+# Input specs (shapes optional; the validators below check them in the graph, see module doc).
 
 
-def string_batch_spec(name: str) -> tf.TensorSpec:
-    """Spec of a batch of strings, shape (batch,) checked by `validate_strings`."""
-    return tf.TensorSpec(None, tf.string, name=name)
+def string_batch_spec(name: str, *, static_shape: bool = False) -> tf.TensorSpec:
+    """Spec of a batch of strings, shape (batch,) checked by `validate_strings` (declared with
+    `static_shape`)."""
+    return tf.TensorSpec([None] if static_shape else None, tf.string, name=name)
 
 
-def jpeg_batch_spec(name: str) -> tf.TensorSpec:
-    """Spec of a batch of encoded images, shape (batch,) checked by `decode_jpeg_batch`."""
-    return tf.TensorSpec(None, tf.string, name=name)
+def jpeg_batch_spec(name: str, *, static_shape: bool = False) -> tf.TensorSpec:
+    """Spec of a batch of encoded images, shape (batch,) checked by `decode_jpeg_batch` (declared
+    with `static_shape`)."""
+    return tf.TensorSpec([None] if static_shape else None, tf.string, name=name)
 
 
-def feature_batch_spec(name: str) -> tf.TensorSpec:
-    """Spec of a float32 feature batch, shape (batch, dim) checked by `validate_features`."""
-    return tf.TensorSpec(None, tf.float32, name=name)
+def feature_batch_spec(name: str, dim: int | None = None) -> tf.TensorSpec:
+    """Spec of a float32 feature batch, shape (batch, dim) checked by `validate_features`; with
+    `dim` the spec declares (None, dim)."""
+    return tf.TensorSpec(None if dim is None else [None, int(dim)], tf.float32, name=name)
 
 
 # --------------------------------------------------------------------------
@@ -177,8 +183,8 @@ def check_signature_inputs(specs: Mapping[str, tf.TensorSpec], inputs: Mapping[s
     or a tensor) must have the input's dtype; the exceptions are integer arrays
     for an integer input (NumPy's default int64 for int32 ids) when every value
     fits. Values without one (Python numbers, lists, str/bytes) are converted to
-    the input's dtype. A spec with a known rank or dimensions is checked too;
-    the exports' specs fix only the dtype, their shapes are checked in the graph.
+    the input's dtype. A spec with a known rank or dimensions is checked too
+    (dtype-only specs leave the shape to the graph's validators).
 
     Raises:
       UserInputError: naming the signature, the input, the expected dtype (and

@@ -25,9 +25,10 @@ from tf_twobranch.batching import inference_function
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.data.formats.images import load_image
-from tf_twobranch.features.images import resize, ten_crops
+from tf_twobranch.features.images import image_views, resize
 
-__all__ = ["extract_image_features", "extract_region_features", "default_resize_to", "validate_boxes"]
+__all__ = ["extract_image_features", "extract_region_features", "default_resize_to", "view_settings",
+           "validate_boxes"]
 
 ImageLike = Union[str, os.PathLike, np.ndarray]
 
@@ -35,6 +36,24 @@ ImageLike = Union[str, os.PathLike, np.ndarray]
 def default_resize_to(crop_size: int) -> int:
     """The paper's 256/224 ratio between the resized image and its crops."""
     return int(round(crop_size * 256 / 224))
+
+
+def view_settings(backbone: keras.Model, *, ten_crop: bool = True, crop_size: int | None = None,
+                  resize_to: int | None = None) -> dict:
+    """The views `extract_image_features` encodes, its defaults resolved: ``{"input_size",
+    "ten_crop", "crop_size", "resize_to"}`` (the keyword arguments of
+    `tf_twobranch.features.images.image_views` / ``tf_image_views``), so a
+    SavedModel taking JPEG bytes computes the features this module computed.
+
+    Raises:
+      ConfigError: invalid sizes.
+    """
+    input_size = backbone_input_size(backbone)
+    crop_size = input_size if crop_size is None else int(crop_size)
+    resize_to = default_resize_to(crop_size) if resize_to is None else int(resize_to)
+    if ten_crop and not 1 <= crop_size <= resize_to:
+        raise ConfigError(f"need 1 <= crop_size <= resize_to, got crop_size={crop_size}, resize_to={resize_to}")
+    return {"input_size": input_size, "ten_crop": bool(ten_crop), "crop_size": crop_size, "resize_to": resize_to}
 
 
 def _as_image(item: ImageLike, index: int) -> tuple[np.ndarray, str]:
@@ -77,13 +96,10 @@ def extract_image_features(image_paths: Sequence[ImageLike], backbone: keras.Mod
       DataFormatError: an image file is missing or undecodable.
       ConfigError: invalid sizes.
     """
-    input_size = backbone_input_size(backbone)
-    crop_size = input_size if crop_size is None else int(crop_size)
-    resize_to = default_resize_to(crop_size) if resize_to is None else int(resize_to)
+    views = view_settings(backbone, ten_crop=ten_crop, crop_size=crop_size, resize_to=resize_to)
+    input_size, crop_size, resize_to = views["input_size"], views["crop_size"], views["resize_to"]
     if batch_size < 1:
         raise ConfigError(f"batch_size must be positive, got {batch_size}")
-    if ten_crop and not 1 <= crop_size <= resize_to:
-        raise ConfigError(f"need 1 <= crop_size <= resize_to, got crop_size={crop_size}, resize_to={resize_to}")
     num_images = len(image_paths)
     dim = int(backbone.output_shape[-1])
     features = np.zeros((num_images, dim), dtype=np.float32)
@@ -93,19 +109,13 @@ def extract_image_features(image_paths: Sequence[ImageLike], backbone: keras.Mod
     logging.info("Extracting %s features of %d images (%s)", backbone.name, num_images,
                  f"ten crops {crop_size} of {resize_to}" if ten_crop else f"whole image at {input_size}")
     for batch_index, first in enumerate(range(0, num_images, batch_size)):
-        views = []
+        batch_views = []
         for index in range(first, min(first + batch_size, num_images)):
             image, _ = _as_image(image_paths[index], index)
-            if ten_crop:
-                crops = ten_crops(image, crop_size=crop_size, resize_to=resize_to)
-                if crop_size != input_size:
-                    crops = np.stack([resize(c, input_size, input_size) for c in crops])
-                views.append(crops)
-            else:
-                views.append(resize(image, input_size, input_size)[None])
-        views = np.concatenate(views, axis=0)
-        outputs = _run_backbone(backbone, views)
-        count = len(views) // views_per_image
+            batch_views.append(image_views(image, **views))
+        batch_views = np.concatenate(batch_views, axis=0)
+        outputs = _run_backbone(backbone, batch_views)
+        count = len(batch_views) // views_per_image
         features[first:first + count] = outputs.reshape(count, views_per_image, dim).mean(axis=1)
         if (batch_index + 1) % log_every == 0 or batch_index + 1 == num_batches:
             logging.info("  %d/%d images (%.1f s)", first + count, num_images, time.time() - start)

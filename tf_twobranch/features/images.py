@@ -48,6 +48,8 @@ __all__ = [
     "ten_crops",
     "tf_pil_resize",
     "tf_ten_crops",
+    "image_views",
+    "tf_image_views",
 ]
 
 CROP_NAMES = (
@@ -198,6 +200,26 @@ def ten_crops(image: np.ndarray, crop_size: int = 224, resize_to: int = 256) -> 
     return np.stack(crops, axis=0)
 
 
+def image_views(image: np.ndarray, input_size: int, *, ten_crop: bool, crop_size: int,
+                resize_to: int) -> np.ndarray:
+    """The views of one image a backbone encodes (their outputs are averaged into its feature).
+
+    With `ten_crop`, the `ten_crops` of `crop_size` out of `resize_to`, each
+    resized to `input_size` when it differs (the scene CNN's 7/8 crops);
+    otherwise the whole image resized to `input_size`. `tf_image_views` is the
+    same in a graph.
+
+    Returns:
+      (10 or 1, input_size, input_size, 3) array of the image's dtype.
+    """
+    if not ten_crop:
+        return resize(image, input_size, input_size)[None]
+    crops = ten_crops(image, crop_size=crop_size, resize_to=resize_to)
+    if crop_size != input_size:
+        crops = np.stack([resize(c, input_size, input_size) for c in crops])
+    return crops
+
+
 # --------------------------------------------------------------------------
 # TensorFlow versions for tf.data pipelines.
 
@@ -312,3 +334,24 @@ def tf_ten_crops(image, crop_size: int = 224, resize_to: int = 256):
     crops = [resized[t:t + crop_size, l:l + crop_size, :] for t, l in crop_offsets(resize_to, crop_size)]
     crops = tf.stack(crops, axis=0)
     return tf.concat([crops, tf.reverse(crops, axis=[2])], axis=0)
+
+
+def tf_image_views(image, input_size: int, *, ten_crop: bool, crop_size: int, resize_to: int):
+    """`image_views` of one uint8 (H, W, 3) image tensor, bit-exact to it (`tf_pil_resize`).
+
+    Returns:
+      float32 tensor (10 or 1, input_size, input_size, 3), values 0..255.
+    """
+    image = tf.convert_to_tensor(image)
+    if image.dtype != tf.uint8:
+        raise ConfigError(f"tf_image_views takes uint8 images, got {image.dtype.name}")
+    if not ten_crop:
+        return tf.cast(tf_pil_resize(image, input_size, input_size), tf.float32)[tf.newaxis]
+    crops = tf_ten_crops(image, crop_size=crop_size, resize_to=resize_to)
+    if crop_size == input_size:
+        return crops
+    # PIL resizes every channel alone, so the ten crops resize as one image of
+    # 30 channels: one pair of passes instead of ten, the same integers.
+    channels = tf.reshape(tf.transpose(tf.cast(crops, tf.uint8), [1, 2, 0, 3]), [crop_size, crop_size, 30])
+    resized = tf.reshape(tf_pil_resize(channels, input_size, input_size), [input_size, input_size, 10, 3])
+    return tf.cast(tf.transpose(resized, [2, 0, 1, 3]), tf.float32)

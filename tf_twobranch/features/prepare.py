@@ -26,6 +26,13 @@ depends on (training captions, word-vector file, settings:
 `fitted_text_encoder`), so features of other captions or splits, and the
 precomp layout's features, never refit Fisher vectors and PCA for the same
 training captions.
+
+A SavedModel that takes JPEG bytes and caption strings needs the pieces that
+made a row's features: `serving_image_backbone` gives the backbone (the scene
+CNN trained for the image cache is kept in it as ``scene_cnn.keras``; an
+ImageNet backbone is rebuilt from its weights file) with its views
+(`image_view_options`), `serving_text_encoder` the fitted encoder (from the
+encoder cache, by fingerprint).
 """
 from __future__ import annotations
 
@@ -46,7 +53,7 @@ from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.tokenize import build_vocabulary, tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.features.backbones import build_backbone
+from tf_twobranch.features.backbones import backbone_input_size, build_backbone
 from tf_twobranch.features.image_features import extract_image_features
 from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.scene_cnn import entity_region_crops, load_scene_cnn, save_scene_cnn, train_scene_cnn
@@ -55,6 +62,8 @@ from tf_twobranch.features.text_features import (TextEncoder, build_text_encoder
 from tf_twobranch.features.word_vectors import train_word_vectors
 
 SCENE_CNN_RECIPE = "2: region-supervised, binary targets"
+# The scene CNN that computed an image cache's features, kept beside them for exports.
+SCENE_CNN_FILE = "scene_cnn.keras"
 IMAGE_BACKBONES = ("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152")
 TEXT_ENCODERS = ("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm")
 
@@ -164,20 +173,63 @@ def cached_scene_cnn(layout: DatasetLayout, train: CaptionCorpus, cache_dir, *, 
     return backbone
 
 
+def image_view_options(spec: FeatureSpec, backbone) -> dict:
+    """The views `extract_image_features` encodes for `spec`'s features (``ten_crop``,
+    ``crop_size``, ``resize_to``; None = its defaults): what an export taking JPEG bytes needs."""
+    if spec.image_backbone == "scene_cnn" and spec.ten_crop:
+        # Ten crops of 7/8 of the image, as 224 of 256 in the paper; every
+        # file (any size) is resized to size x size first, as in training.
+        size = backbone_input_size(backbone)
+        return {"ten_crop": True, "crop_size": size * 7 // 8, "resize_to": size}
+    return {"ten_crop": spec.ten_crop, "crop_size": None, "resize_to": None}
+
+
+def _image_cache_dir(spec: FeatureSpec, splits: dict[str, CaptionCorpus], cache_dir) -> pathlib.Path:
+    key = {**spec.image_key(), "s": _splits_key(splits)}
+    return pathlib.Path(cache_dir) / f"image_{spec.image_backbone}_{cache_digest(key)}"
+
+
 def _image_features(spec: FeatureSpec, splits: dict[str, CaptionCorpus],
-                    layout: DatasetLayout) -> dict[str, np.ndarray]:
+                    layout: DatasetLayout, image_dir: pathlib.Path) -> dict[str, np.ndarray]:
     paths = {s: layout.image_paths(c.image_ids, file_names=getattr(c, "file_names", None), source=c.source)
              for s, c in splits.items()}
     if spec.image_backbone == "scene_cnn":
-        backbone, size = train_scene_cnn_backbone(spec, splits["train"], layout, paths["train"])
-        # Ten crops of 7/8 of the image, as 224 of 256 in the paper; every
-        # file (any size) is resized to size x size first, as in training.
-        kwargs = dict(crop_size=size * 7 // 8, resize_to=size) if spec.ten_crop else {}
+        backbone, _ = train_scene_cnn_backbone(spec, splits["train"], layout, paths["train"])
+        save_scene_cnn(backbone, image_dir / SCENE_CNN_FILE)
     else:
         backbone = build_backbone(spec.image_backbone, weights_path=spec.backbone_weights)
-        kwargs = {}
-    return {s: extract_image_features(p, backbone, ten_crop=spec.ten_crop, **kwargs)
-            for s, p in paths.items()}
+    views = image_view_options(spec, backbone)
+    return {s: extract_image_features(p, backbone, **views) for s, p in paths.items()}
+
+
+def serving_image_backbone(spec: FeatureSpec, splits: dict[str, CaptionCorpus], cache_dir
+                           ) -> tuple[object | None, dict | None, str | None]:
+    """The backbone that computed `prepare_retrieval_features`' image features and its views.
+
+    Returns ``(backbone, image_view_options, None)``, or ``(None, None, why)``
+    when the backbone cannot be had: an ImageNet backbone without its weights
+    file was randomly initialised (a rebuilt one would differ), and a cache
+    written before scene CNNs were kept lacks ``scene_cnn.keras``.
+    """
+    if spec.image_backbone == "scene_cnn":
+        path = _image_cache_dir(spec, splits, cache_dir) / SCENE_CNN_FILE
+        if not path.is_file():
+            return None, None, (f"the scene CNN that computed the cached image features is missing ({path}; "
+                                "prepare_retrieval_features recomputes the cache with it)")
+        backbone = load_scene_cnn(path)
+    elif not spec.backbone_weights:
+        return None, None, (f"the {spec.image_backbone} backbone was randomly initialised (no "
+                            "--backbone_weights), so a rebuilt one would not give the row's features")
+    else:
+        backbone = build_backbone(spec.image_backbone, weights_path=spec.backbone_weights)
+    return backbone, image_view_options(spec, backbone), None
+
+
+def serving_text_encoder(spec: FeatureSpec, train: CaptionCorpus, cache_dir) -> TextEncoder:
+    """The fitted encoder of `prepare_text_features` (from the encoder cache, `fitted_text_encoder`)."""
+    if spec.text_encoder == "lstm":
+        raise ConfigError("the LSTM branch has no fitted sentence encoder; its export tokenizes captions itself")
+    return fitted_text_encoder(spec, _tokenized({"train": train})["train"], cache_dir)
 
 
 def _tokenized(splits: dict[str, CaptionCorpus]) -> dict[str, list[list[str]]]:
@@ -327,11 +379,14 @@ def prepare_retrieval_features(splits: dict[str, CaptionCorpus], layout: Dataset
     """
     spec.validate()
     cache_dir = pathlib.Path(cache_dir)
-    image_dir = cache_dir / f"image_{spec.image_backbone}_{cache_digest({**spec.image_key(), 's': _splits_key(splits)})}"
+    image_dir = _image_cache_dir(spec, splits, cache_dir)
     image_files = {s: image_dir / f"image_features_{s}.npy" for s in splits}
-    if not all(f.exists() for f in image_files.values()):
+    # The features are only servable with the scene CNN that made them: a cache
+    # without it (written before it was kept) is recomputed whole.
+    backbone_kept = spec.image_backbone != "scene_cnn" or (image_dir / SCENE_CNN_FILE).is_file()
+    if not all(f.exists() for f in image_files.values()) or not backbone_kept:
         start = time.time()
-        feats = _image_features(spec, splits, layout)
+        feats = _image_features(spec, splits, layout, image_dir)
         for s, f in feats.items():
             write_rows(image_files[s], f, storage_dtype(spec.feature_dtype))
         logging.info("image features (%s) computed in %.1f s", spec.image_backbone,

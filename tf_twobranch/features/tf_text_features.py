@@ -246,8 +246,14 @@ class TFFisherVectorLayer(_WordTableLayer):
         resp = tf.nn.softmax(log_joint, axis=1)[:, :, None]                   # (M, K, 1)
         if self.mixture == "hglmm":
             inv_sqrt_w = tf.math.rsqrt(weights)[None, :, None]
-            grad_mean = resp * tf.sign(diff) * inv_sqrt_w
-            grad_scale = resp * (tf.abs(diff) / scales[None] - 1.0) * inv_sqrt_w
+            # The differences in float32, as `fisher_vectors` takes them: the
+            # Laplacian M-step's medians are word vectors, so a word often sits on
+            # a component's mean, where float64 differences give sign +-1 and
+            # numpy's float32 ones 0 (seen: 0.18 apart after the power normalisation).
+            diff32 = tf.cast(x, tf.float32)[:, None, :] - tf.cast(means, tf.float32)[None]
+            scaled = tf.abs(diff32) * tf.cast(1.0 / scales, tf.float32)[None] - 1.0
+            grad_mean = resp * tf.cast(tf.sign(diff32), tf.float64) * inv_sqrt_w
+            grad_scale = resp * tf.cast(scaled, tf.float64) * inv_sqrt_w
         else:
             grad_mean = resp * diff / tf.sqrt(scales)[None] * tf.math.rsqrt(weights)[None, :, None]
             grad_scale = resp * (diff * diff / scales[None] - 1.0) * tf.math.rsqrt(2.0 * weights)[None, :, None]

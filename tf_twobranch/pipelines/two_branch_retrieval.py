@@ -20,7 +20,8 @@ from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.export.two_branch import export_saved_model
-from tf_twobranch.features.prepare import FeatureSpec, prepare_retrieval_features, prepare_text_features
+from tf_twobranch.features.prepare import (FeatureSpec, prepare_retrieval_features, prepare_text_features,
+                                           serving_image_backbone, serving_text_encoder)
 from tf_twobranch.losses.ranking import check_top_k_fits_batch
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.pipelines.shared import is_chief, run_record, setup_training, train_config, write_results
@@ -109,6 +110,20 @@ def prepare(r, typed: dict | None = None):
     return prepare_recipe(r, typed or {}, EMBEDDED_PROFILE, FAMILY)
 
 
+def feature_spec(r) -> FeatureSpec:
+    """How the row's computed features are made (and found in the cache)."""
+    return FeatureSpec(image_backbone=r.image_backbone,
+                       backbone_weights=r.backbone_weights or None, ten_crop=r.ten_crop,
+                       text_encoder=r.text_encoder, word_vectors=r.word_vectors or None,
+                       word_dim=r.word_dim, pca_dim=r.pca_dim,
+                       scene_cnn_epochs=r.scene_cnn_epochs, seed=r.seed,
+                       feature_dtype=r.feature_dtype)
+
+
+def features_cache(r, layout) -> pathlib.Path:
+    return pathlib.Path(r.features_cache) if r.features_cache else layout.root / "features"
+
+
 def load_data(r):
     """The dataset layout, caption splits and model inputs (features or token ids) for train/test.
 
@@ -125,13 +140,8 @@ def load_data(r):
     given = {kind: [getattr(r, f"{kind}_features_{s}") for s in ("train", "test")]
              for kind in ("image", "text")}
     extras = {}
-    spec = FeatureSpec(image_backbone=r.image_backbone,
-                       backbone_weights=r.backbone_weights or None, ten_crop=r.ten_crop,
-                       text_encoder=r.text_encoder, word_vectors=r.word_vectors or None,
-                       word_dim=r.word_dim, pca_dim=r.pca_dim,
-                       scene_cnn_epochs=r.scene_cnn_epochs, seed=r.seed,
-                       feature_dtype=r.feature_dtype)
-    cache = pathlib.Path(r.features_cache) if r.features_cache else dataset_dir / "features"
+    spec = feature_spec(r)
+    cache = features_cache(r, layout)
     # Where files that cannot be memory-mapped as they are get their row-major copy.
     converted = cache / "row_major"
     if precomp:
@@ -191,6 +201,36 @@ def build_config(r, image_dim: int, text_dim: int, extras: dict):
         margin=r.margin, top_k=r.top_k, image_anchor_weight=r.image_anchor_weight,
         text_anchor_weight=r.text_anchor_weight, image_neighbour_weight=0.0,
         text_neighbour_weight=r.text_neighbour_weight)
+
+
+def serving_inputs(r, layout, splits) -> tuple[dict, list[str]]:
+    """The `export_saved_model` arguments that make the row's export take JPEG bytes and caption
+    strings (the backbone with the row's views, the fitted text encoder), and a note for each side
+    that keeps feature inputs: features read from the user's files or the precomp layout (no
+    backbone or encoder is known), or a randomly initialised ImageNet backbone."""
+    spec = feature_spec(r)
+    cache = features_cache(r, layout)
+    precomp = layout.caption_format == "precomp"
+    kwargs, notes = {}, []
+    if r.image_features_train:
+        notes.append("image side: features from --image_features_{train,test} (no backbone known): the "
+                     "export takes image_features")
+    elif precomp:
+        notes.append("image side: the precomp layout's region features (no backbone known): the export "
+                     "takes image_features")
+    else:
+        backbone, views, why = serving_image_backbone(spec, splits, cache)
+        if backbone is None:
+            notes.append(f"image side: {why}: the export takes image_features")
+        else:
+            kwargs.update(image_backbone=backbone, **views)
+    if r.text_encoder != "lstm":
+        if r.text_features_train:
+            notes.append("text side: features from --text_features_{train,test} (no encoder known): the "
+                         "export takes text_features")
+        else:
+            kwargs["text_encoder"] = serving_text_encoder(spec, splits["train"], cache)
+    return kwargs, notes
 
 
 def run_cca(r, splits, image, text) -> dict:
@@ -274,8 +314,17 @@ def run(r: RetrievalRecipe, typed: dict | None = None, flagfile: str | None = No
             record["sentence_retrieval"] = model.sentence_retrieval(text["test"],
                                                                     test.caption_image)
         if r.export and is_chief():
-            record["export_dir"] = str(export_saved_model(model, run_dir / "export",
-                                                          run_config=run_config))
+            # Raw inputs where the row's feature pieces are known (see serving_inputs).
+            raw_inputs, notes = serving_inputs(r, layout, splits)
+            for note in notes:
+                logging.info("export: %s", note)
+            record["export_dir"] = str(export_saved_model(
+                model, run_dir / "export", **raw_inputs,
+                run_config={**run_config, "serving": {"notes": notes}}))
+            raw_text = "text_encoder" in raw_inputs or r.text_encoder == "lstm"
+            record["export_inputs"] = {
+                "image": "image_jpeg" if "image_backbone" in raw_inputs else "image_features",
+                "text": "captions" if raw_text else "text_features", "notes": notes}
     record["seconds"] = time.time() - start
     write_results(r.out_json or run_dir / "results.json", record)
     return record
