@@ -247,7 +247,8 @@ TEXT_INPUTS = ("captions", "caption", "phrases")
 def _signature_defs(saved_model_pb: str, mtime_ns: int) -> dict:
     saved_model = saved_model_pb2.SavedModel.FromString(pathlib.Path(saved_model_pb).read_bytes())
     graphs = [g for g in saved_model.meta_graphs if "serve" in g.meta_info_def.tags] or list(saved_model.meta_graphs)
-    return dict(graphs[0].signature_def) if graphs else {}
+    # Not the initializer's entry (`__saved_model_init_op`), which is no signature a client calls.
+    return {name: d for name, d in graphs[0].signature_def.items() if not name.startswith("__")} if graphs else {}
 
 
 def signature_specs(model, signature_name: str) -> dict[str, tf.TensorSpec]:
@@ -328,7 +329,8 @@ def request_inputs(model, signature_name: str, inputs: Mapping[str, object]) -> 
         for a bad element, its index.
     """
     specs = signature_specs(model, signature_name)
-    arrays = {name: np.asarray(tensor.numpy())
+    # Strings as object arrays of bytes, scalars too (a scalar string tensor's .numpy() is bytes).
+    arrays = {name: np.asarray(tensor.numpy(), dtype=object if tensor.dtype == tf.string else None)
               for name, tensor in check_signature_inputs(specs, inputs, signature_name).items()}
     for name, array in arrays.items():
         _check_elements(signature_name, name, array)
