@@ -79,7 +79,8 @@ def _region_phrase(folder: pathlib.Path) -> pathlib.Path:
     return export_region_phrase_model(model, backbone, encoder, folder / "export", crop_size=16)
 
 
-DUAL_PATH_WORDS = ["<pad>", "<unk>", "a", "red", "blue", "green", "seven", "three", "one", "two", "on", "the"]
+DUAL_PATH_WORDS = ["<pad>", "<unk>", "a", "red", "blue", "green", "seven", "three", "one", "two", "on", "the",
+                   "dog", "runs", "grass"]
 
 
 def _dual_path(folder: pathlib.Path) -> pathlib.Path:
@@ -157,3 +158,29 @@ def build_export(family: str, folder) -> pathlib.Path:
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return pathlib.Path(_BUILDERS[family](folder))
+
+
+# The run folders the README's and docs/SERVING.md's serving commands name (made by the README's
+# experiment commands above them), and the tiny export of each one's family.
+DOC_RUN_EXPORTS = {
+    "runs/table2_b6_nonlinear_bidir_nbr_constraints/export": "two_branch_embedding",
+    "runs/table1_b6_nonlinear_augm_pos_bidir_nbr_constraints/export": "region_phrase",
+    "runs/zheng_table2_full_model/export": "dual_path",
+    "runs/karpathy_table2_fragment_global_mil/export": "fragment",
+    "runs/das_table2_npair_word/export": "npair",
+}
+
+
+def make_doc_folder(folder) -> pathlib.Path:
+    """A working folder for the serving docs: ``runs/.../export`` of every family (tiny exports)
+    and the images they name, ``dog.jpg`` (40x36) and ``street.jpg`` (48x64)."""
+    import shutil
+
+    folder = pathlib.Path(folder)
+    for run_export, family in DOC_RUN_EXPORTS.items():
+        built = build_export(family, folder / "_built" / family)
+        (folder / run_export).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(built, folder / run_export)
+    (folder / "dog.jpg").write_bytes(jpeg(1))
+    (folder / "street.jpg").write_bytes(jpeg(2, height=48, width=64))
+    return folder
