@@ -29,8 +29,11 @@ setup(
         "matplotlib>=3.8,<4",
     ],
     # spaCy only (never a spaCy model): `parse` for --parser=spacy, `test` to build Docs by hand.
+    # tensorflow-serving-api (the real PredictRequest / PredictionLog protos) is a client concern,
+    # so only `test` has it; its range is tensorflow's, so it never moves tensorflow.
     extras_require={
         "parse": ["spacy>=3.7,<4"],
-        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "spacy>=3.7,<4"],
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "spacy>=3.7,<4",
+                 "tensorflow-serving-api>=2.18,<2.22"],
     },
 )

@@ -14,9 +14,17 @@ command above it, under the one run-folder rule (`tf_twobranch.table_runner.run_
   (``$TF_TWOBRANCH_DATA``) with the run folders under a temporary ``runs/``
   (``$TF_TWOBRANCH_RUNS``, the README's relative ``runs/...`` from a temporary working folder),
   and checks that each folder a later command names exists and the command succeeds.
+* `test_serving_docs_run_as_written` (fast; issue 25 item 4) executes every code block of
+  docs/SERVING.md and of the README's "Serving" section (`doc_blocks`): ``bash``/``sh`` blocks with
+  ``bash -e`` (``python`` = this interpreter), ``python`` blocks with ``exec`` (one namespace per
+  document, in order, like a notebook), ``json`` blocks parsed, in a working folder whose
+  ``runs/.../export`` folders are tiny exports of each family (`tests.serving_exports.make_doc_folder`).
+  A block that cannot run here (a model server, a trained run, a spaCy model) carries the line
+  ``<!-- docs-test: skip: <reason> -->`` right above it; a marker without a reason fails the test.
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -60,6 +68,41 @@ def readme_commands() -> list[tuple[str, str]]:
             found = re.search(r"load_run\(\"(runs/[^\"]+)\"\)", line)
             if found:
                 out.append((section, f"load_run {found.group(1)}"))
+            elif section == "Serving":     # the serving snippet's exports, as "saved_model_cli" reads them
+                for folder in re.findall(r"\"(runs/[^\"]+)\"", line):
+                    out.append((section, f"saved_model_cli (python) {folder}"))
+    return out
+
+
+SKIP_MARKER = re.compile(r"<!--\s*docs-test:\s*skip\b:?\s*(.*?)\s*-->")
+
+
+def doc_blocks(path: pathlib.Path, section: str | None = None) -> list[dict]:
+    """The fenced code blocks of a Markdown file (of one ``## section`` when given), in order:
+    ``{"section", "lang", "code", "line", "skip"}``, where ``skip`` is the reason of a
+    ``<!-- docs-test: skip: ... -->`` marker on the line above the fence ("" when the marker has
+    none, None without a marker)."""
+    out, current, block, previous = [], "", None, ""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if block is None:
+            heading = re.match(r"(#+) (.*)", line)
+            if heading and len(heading.group(1)) <= 2:
+                current = heading.group(2).strip()
+            if line.startswith("```"):
+                marker = SKIP_MARKER.search(previous)
+                block = {"section": current, "lang": line[3:].strip() or "text", "code": [], "line": number,
+                         "skip": marker.group(1) if marker else None}
+            elif line.strip():
+                previous = line
+            continue
+        if line.startswith("```"):
+            block["code"] = "\n".join(block["code"]) + "\n"
+            if section is None or block["section"] == section:
+                out.append(block)
+            block, previous = None, ""
+        else:
+            block["code"].append(line)
     return out
 
 
@@ -121,7 +164,7 @@ def folders_named(command: str) -> list[str]:
     if command.startswith("load_run "):
         return [command.split(" ", 1)[1]]
     module = _module(command)
-    if command.startswith("saved_model_cli") or module in ("draw_localization", "draw_fragments", "draw_heat_maps") or \
+    if "saved_model_cli" in command or module in ("draw_localization", "draw_fragments", "draw_heat_maps") or \
             ("load_run(" in command and module is None):
         return [p.rstrip("'\")") for p in RUN_PATH.findall(command)]
     return []
@@ -162,7 +205,7 @@ SEQUENCES = {
     "Phrase localization (Table 1, Table 5, Fig. 2)": ("phrase_localization --flagfile", "draw_localization"),
     "Dual-path CNN with instance loss": ("zheng_table2_full_model", "load_run('runs/zheng"),
     "In a notebook": ("load_run runs/",),
-    "Serving": ("saved_model_cli",),
+    "Serving": ("saved_model_cli show",),
 }
 
 
@@ -208,3 +251,65 @@ def test_readme_sequences_run_at_tiny_size(tmp_path):
             assert "Next:" in proc.stdout, proc.stdout[-2000:]
         ran.append(command)
     assert len(ran) >= 6, ran
+
+
+# --------------------------------------------------------------------------- fast: the serving docs run as written
+
+SERVING_DOCS = REPO / "docs" / "SERVING.md"
+
+
+def _serving_doc_blocks() -> list[dict]:
+    return doc_blocks(SERVING_DOCS) + doc_blocks(README, "Serving")
+
+
+def test_doc_blocks_and_skip_markers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\n## A\n\n<!-- docs-test: skip: needs a server -->\n```sh\ncurl x\n```\n\n"
+                    "```python\nx = 1\n```\n<!-- docs-test: skip -->\n\n```bash\nfalse\n```\n## B\n```json\n{}\n```\n")
+    blocks = doc_blocks(page)
+    assert [(b["section"], b["lang"], b["skip"]) for b in blocks] == [
+        ("A", "sh", "needs a server"), ("A", "python", None), ("A", "bash", ""), ("B", "json", None)]
+    assert blocks[1]["code"] == "x = 1\n" and [b["lang"] for b in doc_blocks(page, "B")] == ["json"]
+
+
+@pytest.fixture(scope="module")
+def doc_folder(tmp_path_factory):
+    from tests.serving_exports import make_doc_folder
+    return make_doc_folder(tmp_path_factory.mktemp("serving_docs"))
+
+
+def test_serving_docs_run_as_written(doc_folder, monkeypatch):
+    blocks = _serving_doc_blocks()
+    assert any(b["section"] == "Serving" for b in blocks), "README has no Serving section with code"
+    bin_dir = doc_folder / "_bin"     # `python` in the docs' commands = this interpreter
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "python").exists():
+        (bin_dir / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    monkeypatch.chdir(doc_folder)
+    namespaces: dict[str, dict] = {}
+    ran, skipped = [], []
+    for block in blocks:
+        where = f"{'README.md' if block['section'] == 'Serving' else 'docs/SERVING.md'}, line {block['line']}"
+        if block["skip"] is not None:
+            assert block["skip"], f"{where}: a docs-test skip marker needs a reason"
+            skipped.append((where, block["skip"]))
+            continue
+        if block["lang"] in ("bash", "sh"):
+            proc = subprocess.run(["bash", "-e", "-c", block["code"]], cwd=doc_folder, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, f"{where}:\n{block['code']}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        elif block["lang"] == "python":
+            namespace = namespaces.setdefault(where.split(",")[0], {"__name__": "__docs__"})
+            try:
+                exec(compile(block["code"], where, "exec"), namespace)
+            except Exception as err:
+                raise AssertionError(f"{where}:\n{block['code']}") from err
+        elif block["lang"] == "json":
+            json.loads(block["code"])
+        else:
+            continue          # text, tables of output
+        ran.append(where)
+    print(f"ran {len(ran)} blocks; skipped (marked): {skipped}")
+    assert len(ran) >= 6, ran     # the blocks of both documents that need no server, run or model download

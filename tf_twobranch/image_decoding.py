@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
 
-__all__ = ["TF_IMAGE_FORMATS", "describe_image_formats", "tf_is_image_bytes", "tf_decode_image"]
+__all__ = ["TF_IMAGE_FORMATS", "describe_image_formats", "image_format", "tf_is_image_bytes", "tf_decode_image"]
 
 # Magic bytes of the formats `tf_decode_image` reads, in the order they are
 # named in error messages.
@@ -27,6 +27,13 @@ def describe_image_formats(formats: Sequence[str] = TF_IMAGE_FORMATS) -> str:
     """"JPEG, PNG, BMP or GIF": the formats as error messages name them."""
     formats = list(formats)
     return formats[0] if len(formats) == 1 else ", ".join(formats[:-1]) + " or " + formats[-1]
+
+
+def image_format(data: bytes, formats: Sequence[str] = TF_IMAGE_FORMATS) -> str | None:
+    """The format among `formats` whose magic bytes `data` starts with, or None (the Python
+    side of `tf_is_image_bytes`, for clients checking a request before sending it)."""
+    data = bytes(data)
+    return next((f for f in formats if data.startswith(_IMAGE_MAGIC[f])), None)
 
 
 def tf_is_image_bytes(image_bytes, formats: Sequence[str] = TF_IMAGE_FORMATS):

@@ -22,40 +22,51 @@ A wrong *dtype* cannot be checked in the graph (a signature has one dtype
 per input); it is rejected by the runtime before the graph runs, as
 ``InvalidArgumentError: cannot compute ... as input #0(zero-based) was
 expected to be a string tensor but is a float tensor`` (`tf.saved_model.load`)
-or ``Expects arg[0] to be string but float is provided`` (TF Serving), which
-name neither the input nor what it takes. Where the package calls a
-signature it goes through `call_signature` (and the ``saved_model_cli`` tool
-through `check_signature_inputs`), which checks every input against the
+or ``Expects arg[0] to be string but float is provided`` (TF Serving's
+session), which name neither the input nor what it takes. Where the package
+calls a signature it goes through `call_signature` (and the ``saved_model_cli``
+tool through `check_signature_inputs`), which checks every input against the
 signature's `TensorSpec` first and names the input, the expected dtype and
-shape and what it got (`check_signature_inputs`).
+shape and what it got (`check_signature_inputs`). The client-side request
+builders (`predict_request` for gRPC, `rest_request_body` for REST) make the
+same check against the export's signature, plus the per-element checks the
+graph would make (image bytes, non-empty UTF-8 captions), naming the element,
+so a bad request is refused before it is sent (`InvalidRequestError`).
 
 Warm-up: TF Serving replays ``assets.extra/tf_serving_warmup_requests`` (a
 TFRecord of ``tensorflow.serving.PredictionLog`` protos) when it loads a
 model, so the first real request does not pay for graph initialisation.
-`tensorflow-serving-api` is not installable next to TF 2.21, so the four
-messages needed here (`PredictionLog` → `PredictLog` → `PredictRequest` →
-`ModelSpec`) are declared at run time from a small `FileDescriptorProto`
-with the field numbers of tensorflow_serving/apis/*.proto, in a private
-descriptor pool (no clash if the real package is imported too); inputs are
-TensorFlow's own `TensorProto`.
+The protos are `tensorflow-serving-api`'s when it is importable (the
+package's ``test`` extra installs it; it is a client library, so it is not a
+runtime dependency). Without it the four messages needed here
+(`PredictionLog` → `PredictLog` → `PredictRequest` → `ModelSpec`) are
+declared at run time from a small `FileDescriptorProto` with the field
+numbers of tensorflow_serving/apis/*.proto, in a private descriptor pool (no
+clash if the real package is imported later); both write the same bytes
+(deterministic serialisation; tests/test_serving_requests.py compares them).
+Inputs are TensorFlow's own `TensorProto`.
 
 Keras 3 models inside a `tf.Module` need `track_keras_variables`, or TF
 Serving and ``saved_model_cli run`` cannot find their variables (see there).
 """
 from __future__ import annotations
 
+import base64
 import functools
+import os
 import pathlib
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tensorflow.core.framework import tensor_pb2
+from tensorflow.core.protobuf import saved_model_pb2
 
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.features.images import tf_pil_resize
-from tf_twobranch.image_decoding import describe_image_formats, tf_decode_image, tf_is_image_bytes
+from tf_twobranch.image_decoding import (TF_IMAGE_FORMATS, describe_image_formats, image_format, tf_decode_image,
+                                         tf_is_image_bytes)
 
 __all__ = [
     "WARMUP_FILENAME",
@@ -70,6 +81,15 @@ __all__ = [
     "signature_input_specs",
     "check_signature_inputs",
     "call_signature",
+    "InvalidRequestError",
+    "IMAGE_INPUTS",
+    "TEXT_INPUTS",
+    "signature_specs",
+    "request_inputs",
+    "predict_request",
+    "predict_request_inputs",
+    "rest_request_body",
+    "serving_api_available",
     "decode_jpeg_batch",
     "map_decoded_images",
     "write_warmup_requests",
@@ -139,13 +159,19 @@ def _describe_value(value) -> str:
     return f"a {type(value).__name__}"
 
 
+class InvalidRequestError(UserInputError):
+    """A request refused on the client side, before it is sent or run: the counterpart of the
+    server's ``INVALID_ARGUMENT``, naming the signature, the input, what it takes and, for a bad
+    element of a batch, the element's index."""
+
+
 def _checked_input(spec: tf.TensorSpec, value, where: str):
     """`value` as a tensor of `spec`'s dtype, or a UserInputError naming what was expected."""
     expected = _describe_spec(spec)
     got = _describe_value(value)
 
     def refuse(hint=""):
-        raise UserInputError(f"{where}: expected {expected}, got {got}{hint}")
+        raise InvalidRequestError(f"{where}: expected {expected}, got {got}{hint}")
 
     dtype = None
     if tf.is_tensor(value):
@@ -187,14 +213,15 @@ def check_signature_inputs(specs: Mapping[str, tf.TensorSpec], inputs: Mapping[s
     (dtype-only specs leave the shape to the graph's validators).
 
     Raises:
-      UserInputError: naming the signature, the input, the expected dtype (and
-        shape) and what was given; e.g. float64 features for a float32 input,
-        uint8 pixels for an ``image_jpeg`` string input.
+      InvalidRequestError: (a `UserInputError`) naming the signature, the
+        input, the expected dtype (and shape) and what was given; e.g. float64
+        features for a float32 input, uint8 pixels for an ``image_jpeg`` string
+        input.
     """
     missing = sorted(set(specs) - set(inputs))
     unknown = sorted(set(inputs) - set(specs))
     if missing or unknown:
-        raise UserInputError(
+        raise InvalidRequestError(
             f"signature {signature_name!r} takes the inputs "
             f"{', '.join(f'{n} ({_describe_spec(specs[n])})' for n in sorted(specs))}; "
             + (f"missing {missing}" if missing else "") + ("; " if missing and unknown else "")
@@ -210,6 +237,170 @@ def call_signature(loaded, signature_name: str, **inputs) -> dict:
                              f"{sorted(loaded.signatures)}")
     signature = loaded.signatures[signature_name]
     return signature(**check_signature_inputs(signature_input_specs(signature), inputs, signature_name))
+
+
+# --------------------------------------------------------------------------
+# Client side: TF Serving requests (gRPC PredictRequest, REST JSON) built from
+# inputs checked against the export's signature.
+
+# The exports' input names for encoded images and for captions / phrases: the
+# request builders check their elements as the graph would, naming the element.
+IMAGE_INPUTS = ("image_jpeg",)
+TEXT_INPUTS = ("captions", "caption", "phrases")
+
+
+@functools.lru_cache(maxsize=8)
+def _signature_defs(saved_model_pb: str, mtime_ns: int) -> dict:
+    saved_model = saved_model_pb2.SavedModel.FromString(pathlib.Path(saved_model_pb).read_bytes())
+    graphs = [g for g in saved_model.meta_graphs if "serve" in g.meta_info_def.tags] or list(saved_model.meta_graphs)
+    # Not the initializer's entry (`__saved_model_init_op`), which is no signature a client calls.
+    return {name: d for name, d in graphs[0].signature_def.items() if not name.startswith("__")} if graphs else {}
+
+
+def signature_specs(model, signature_name: str) -> dict[str, tf.TensorSpec]:
+    """``{input name: TensorSpec}`` of the signature `signature_name` of an export.
+
+    Args:
+      model: the SavedModel directory (its ``saved_model.pb`` is read, nothing
+        is loaded, so a client needs no tensorflow-text ops), a loaded
+        SavedModel (``tf.saved_model.load``), a ``{name: SignatureDef}`` map
+        (e.g. TF Serving's GetModelMetadata), a ``SignatureDef``, a signature
+        function, or the ``{input name: TensorSpec}`` mapping itself.
+      signature_name: the signature.
+
+    Raises:
+      InvalidRequestError: the export has no such signature.
+      DataFormatError: a directory without ``saved_model.pb``.
+    """
+    def unknown(names):
+        raise InvalidRequestError(f"the SavedModel has no signature {signature_name!r}; it has {sorted(names)}")
+
+    if isinstance(model, (str, os.PathLike)):
+        path = pathlib.Path(model) / "saved_model.pb"
+        if not path.is_file():
+            raise DataFormatError(model, "not a SavedModel directory (no saved_model.pb)")
+        defs = _signature_defs(str(path.resolve()), path.stat().st_mtime_ns)
+        return signature_input_specs(defs[signature_name]) if signature_name in defs else unknown(defs)
+    if isinstance(model, Mapping):
+        if all(isinstance(v, tf.TensorSpec) for v in model.values()):
+            return dict(model)
+        return signature_input_specs(model[signature_name]) if signature_name in model else unknown(model)
+    if hasattr(model, "signatures") and not hasattr(model, "method_name"):
+        signatures = model.signatures
+        return (signature_input_specs(signatures[signature_name]) if signature_name in signatures
+                else unknown(signatures))
+    return signature_input_specs(model)
+
+
+def _check_elements(signature_name: str, name: str, array: np.ndarray) -> None:
+    """The graph's per-element checks of image bytes and captions, on the client."""
+    where = f"signature {signature_name!r}, input {name!r}"
+    if array.dtype != object or array.ndim > 1 or name not in IMAGE_INPUTS + TEXT_INPUTS:
+        return
+    if array.ndim == 1 and array.size == 0:
+        raise InvalidRequestError(f"{where}: the batch is empty; send at least one element")
+    if name in IMAGE_INPUTS:
+        # A batch is decoded by `decode_jpeg_batch` (JPEG, PNG), one image (the region model) by any decoder.
+        formats = _BATCH_FORMATS if array.ndim else TF_IMAGE_FORMATS
+        for index, data in enumerate(array.reshape(-1)):
+            if image_format(data, formats) is None:
+                at = f", element {index}" if array.ndim else ""
+                raise InvalidRequestError(
+                    f"{where}{at}: expected {describe_image_formats(formats)} bytes (the image file's contents, "
+                    f"e.g. open(path, 'rb').read()), got bytes starting with {bytes(data[:8])!r}")
+        return
+    for index, data in enumerate(array.reshape(-1)):
+        at = f"{where}, element {index}" if array.ndim else where
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidRequestError(f"{at}: not valid UTF-8 text ({err.reason} at byte {err.start})") from None
+        if not text.strip():
+            raise InvalidRequestError(f"{at}: an empty or whitespace-only string; expected text with a word")
+
+
+def request_inputs(model, signature_name: str, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """The inputs of a request as arrays of the signature's dtypes, checked first.
+
+    `check_signature_inputs` against the signature's specs (`signature_specs`:
+    names, dtypes, rank and static sizes where the signature declares them),
+    then, for the encoded-image inputs (`IMAGE_INPUTS`) and the caption /
+    phrase inputs (`TEXT_INPUTS`), each element as the graph checks it: an
+    empty batch, bytes that are not an image file, an empty or non-UTF-8
+    caption. Shapes the signature leaves open are still checked by the graph
+    when the request runs.
+
+    Raises:
+      InvalidRequestError: naming the signature, the input, what it takes and,
+        for a bad element, its index.
+    """
+    specs = signature_specs(model, signature_name)
+    # Strings as object arrays of bytes, scalars too (a scalar string tensor's .numpy() is bytes).
+    arrays = {name: np.asarray(tensor.numpy(), dtype=object if tensor.dtype == tf.string else None)
+              for name, tensor in check_signature_inputs(specs, inputs, signature_name).items()}
+    for name, array in arrays.items():
+        _check_elements(signature_name, name, array)
+    return arrays
+
+
+def predict_request(signature_name: str, inputs: Mapping[str, object], *, model, model_name: str = ""):
+    """A TF Serving gRPC ``PredictRequest`` (``tensorflow.serving.PredictionService/Predict``).
+
+    Args:
+      signature_name: ``model_spec.signature_name``.
+      inputs: ``{input name: value}``: arrays, (nested) lists, numbers, str
+        (sent as UTF-8) or bytes (sent as they are: image files' contents).
+      model: where the signature's specs come from (`signature_specs`): the
+        export's directory, the loaded SavedModel, its SignatureDefs.
+      model_name: ``model_spec.name``, the name the server serves it under.
+
+    Returns:
+      ``tensorflow_serving.apis.predict_pb2.PredictRequest`` when
+      tensorflow-serving-api is installed; otherwise a message of the same
+      fields and wire format (send ``request.SerializeToString()``).
+
+    Raises:
+      InvalidRequestError: see `request_inputs`.
+    """
+    arrays = request_inputs(model, signature_name, inputs)
+    request = _serving_protos().predict_request()
+    _fill_request(request, signature_name, arrays, model_name)
+    return request
+
+
+def _json_value(name: str, array: np.ndarray):
+    if array.dtype != object:
+        return array.tolist()     # float32 -> the double of the same value, which the server casts back exactly
+
+    def encode(data: bytes):
+        if name not in IMAGE_INPUTS:
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        return {"b64": base64.b64encode(data).decode("ascii")}
+
+    def walk(value):
+        return [walk(v) for v in value] if isinstance(value, list) else encode(value)
+
+    return walk(array.tolist())
+
+
+def rest_request_body(signature_name: str, inputs: Mapping[str, object], *, model) -> dict:
+    """The JSON body of a TF Serving REST predict request (``POST /v1/models/<name>:predict``).
+
+    TF Serving's columnar format, which allows inputs of different batch
+    sizes: ``{"signature_name": ..., "inputs": {input name: nested lists}}``.
+    Encoded images (and any string that is not valid UTF-8) are sent as
+    ``{"b64": "<base64>"}``, the REST API's form for binary strings; other
+    strings as JSON strings; numbers as JSON numbers (the server converts
+    them to the signature's dtype). Send it with ``json.dumps(body)``.
+
+    Args / Raises: as `predict_request`.
+    """
+    arrays = request_inputs(model, signature_name, inputs)
+    return {"signature_name": signature_name,
+            "inputs": {name: _json_value(name, array) for name, array in arrays.items()}}
 
 
 # --------------------------------------------------------------------------
@@ -437,9 +628,28 @@ def map_decoded_images(jpeg_bytes, name: str, fn: Callable, output_specs: Sequen
 # TF Serving warm-up file.
 
 
-@functools.lru_cache(maxsize=1)
-def _prediction_log_classes():
-    """(PredictionLog, TensorProto) message classes of a private descriptor pool."""
+class _Protos(NamedTuple):
+    prediction_log: type     # tensorflow.serving.PredictionLog
+    predict_request: type    # tensorflow.serving.PredictRequest
+    real: bool               # tensorflow-serving-api's classes (else declared at run time)
+
+
+def serving_api_available() -> bool:
+    """Whether `tensorflow-serving-api` (the real request protos) is importable."""
+    return _serving_protos().real
+
+
+@functools.lru_cache(maxsize=2)
+def _serving_protos(declared: bool = False) -> _Protos:
+    """TF Serving's message classes: tensorflow-serving-api's, or (`declared`, or the package
+    missing) the run-time declaration of the fields the package writes."""
+    if not declared:
+        try:
+            from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+        except ImportError:
+            pass
+        else:
+            return _Protos(prediction_log_pb2.PredictionLog, predict_pb2.PredictRequest, True)
 
     pool = descriptor_pool.DescriptorPool()
     added = set()
@@ -483,9 +693,26 @@ def _prediction_log_classes():
     message("PredictLog", [("request", 1, F.TYPE_MESSAGE, ".tensorflow.serving.PredictRequest", optional)])
     message("PredictionLog", [("predict_log", 6, F.TYPE_MESSAGE, ".tensorflow.serving.PredictLog", optional)])
     pool.Add(proto)
-    prediction_log = message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.PredictionLog"))
-    tensor_proto = message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.TensorProto"))
-    return prediction_log, tensor_proto
+
+    def get(name):
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+
+    return _Protos(get("tensorflow.serving.PredictionLog"), get("tensorflow.serving.PredictRequest"), False)
+
+
+def _fill_request(request, signature_name: str, inputs: Mapping[str, np.ndarray], model_name: str) -> None:
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = signature_name
+    for input_name, array in inputs.items():
+        # Through bytes: the declared classes have their own TensorProto class.
+        request.inputs[input_name].ParseFromString(tf.make_tensor_proto(array).SerializeToString())
+
+
+def predict_request_inputs(request) -> dict[str, np.ndarray]:
+    """``{input name: array}`` of a ``PredictRequest``, decoded as the model server decodes it
+    (each `TensorProto` to a tensor: `tf.make_ndarray`; strings come back as bytes)."""
+    return {name: tf.make_ndarray(tensor_pb2.TensorProto.FromString(tensor.SerializeToString()))
+            for name, tensor in request.inputs.items()}
 
 
 def _as_array(value, signature_name: str, input_name: str) -> np.ndarray:
@@ -511,7 +738,7 @@ def _as_array(value, signature_name: str, input_name: str) -> np.ndarray:
 
 
 def write_warmup_requests(export_dir, requests: Sequence[tuple[str, Mapping[str, object]]],
-                          model_name: str = "") -> pathlib.Path:
+                          model_name: str = "", *, declared: bool = False) -> pathlib.Path:
     """Writes ``<export_dir>/assets.extra/tf_serving_warmup_requests``.
 
     Args:
@@ -524,6 +751,8 @@ def write_warmup_requests(export_dir, requests: Sequence[tuple[str, Mapping[str,
         bytes (str as UTF-8); float64 as float32.
       model_name: ``model_spec.name`` of every request (TF Serving ignores it
         during warm-up; set it to the served name for clarity).
+      declared: write with the run-time declared protos even when
+        tensorflow-serving-api is installed (the bytes are the same; tests).
 
     Returns:
       The path of the warm-up file.
@@ -533,21 +762,18 @@ def write_warmup_requests(export_dir, requests: Sequence[tuple[str, Mapping[str,
     """
     if not requests:
         raise ConfigError("write_warmup_requests needs at least one request")
-    prediction_log_class, tensor_proto_class = _prediction_log_classes()
+    protos = _serving_protos(declared)
     path = pathlib.Path(export_dir) / "assets.extra" / WARMUP_FILENAME
     path.parent.mkdir(parents=True, exist_ok=True)
     records = []
     for signature_name, inputs in requests:
         if not inputs:
             raise ConfigError(f"warm-up request {signature_name!r} has no inputs")
-        log = prediction_log_class()
-        request = log.predict_log.request
-        request.model_spec.name = model_name
-        request.model_spec.signature_name = signature_name
-        for input_name, value in inputs.items():
-            tensor = tf.make_tensor_proto(_as_array(value, signature_name, input_name))
-            request.inputs[input_name].CopyFrom(tensor_proto_class.FromString(tensor.SerializeToString()))
-        records.append(log.SerializeToString())
+        log = protos.prediction_log()
+        _fill_request(log.predict_log.request, signature_name,
+                      {name: _as_array(value, signature_name, name) for name, value in inputs.items()}, model_name)
+        # Deterministic: map entries sorted, so the file does not depend on which classes wrote it.
+        records.append(log.SerializeToString(deterministic=True))
     with tf.io.TFRecordWriter(str(path)) as writer:
         for record in records:
             writer.write(record)
@@ -571,7 +797,7 @@ def read_warmup_requests(path) -> list[tuple[str, dict[str, np.ndarray]]]:
         path = path / "assets.extra" / WARMUP_FILENAME
     if not path.is_file():
         raise DataFormatError(path, "warm-up file does not exist")
-    prediction_log_class, _ = _prediction_log_classes()
+    prediction_log_class = _serving_protos().prediction_log
     out = []
     try:
         records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
@@ -585,9 +811,7 @@ def read_warmup_requests(path) -> list[tuple[str, dict[str, np.ndarray]]]:
         if not log.HasField("predict_log"):
             raise DataFormatError(path, "expected a PredictionLog with predict_log", record=index)
         request = log.predict_log.request
-        inputs = {name: tf.make_ndarray(tensor_pb2.TensorProto.FromString(tensor.SerializeToString()))
-                  for name, tensor in request.inputs.items()}
-        out.append((request.model_spec.signature_name, inputs))
+        out.append((request.model_spec.signature_name, predict_request_inputs(request)))
     return out
 
 
