@@ -163,7 +163,8 @@ def build_export(family: str, folder) -> pathlib.Path:
 # The run folders the README's and docs/SERVING.md's serving commands name (made by the README's
 # experiment commands above them), and the tiny export of each one's family.
 DOC_RUN_EXPORTS = {
-    "runs/table2_b6_nonlinear_bidir_nbr_constraints/export": "two_branch_embedding",
+    # The main job's export takes JPEG bytes and captions (and feature rows through *_features).
+    "runs/table2_b6_nonlinear_bidir_nbr_constraints/export": "two_branch_raw",
     "runs/table1_b6_nonlinear_augm_pos_bidir_nbr_constraints/export": "region_phrase",
     "runs/zheng_table2_full_model/export": "dual_path",
     "runs/karpathy_table2_fragment_global_mil/export": "fragment",
