@@ -68,8 +68,8 @@ def runs(tmp_path_factory):
          "--noexport", f"--run_dir={root / 'npair'}"]))
     fv = flags.FlagValues()
     instance_loss.define_flags(fv)
-    fv(["instance_loss", "--max_train_images=24", "--max_test_images=10", "--stage1_epochs=1", "--stage2_epochs=0",
-        "--stages=1", "--text_width=2", "--text_blocks=1,1,1,1", "--hidden_dim=16", "--embed_dim=16",
+    fv(["instance_loss", "--max_train_images=24", "--max_test_images=10", "--stage1_epochs=1", "--stage2_epochs=1",
+        "--text_width=2", "--text_blocks=1,1,1,1", "--hidden_dim=16", "--embed_dim=16",
         "--word_dim=8", "--verbose=0", "--batch_size=16", "--run_eagerly", "--noexport",
         f"--run_dir={root / 'dual_path'}"])
     instance_loss.run(fv)

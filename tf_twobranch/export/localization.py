@@ -177,11 +177,11 @@ class RegionPhraseServingModule(tf.Module):
         serving.track_keras_variables(self, image_backbone, text_layer, self.image_tower, self.text_tower,
                                       self.similarity_head)
 
-        # Declared shapes (one image, (boxes, 4), (phrases,)); the graph's checks stay, with their
-        # readable InvalidArgument messages, for callers that bypass the specs.
-        image_spec = tf.TensorSpec([], tf.string, name="image_jpeg")
-        proposals_spec = tf.TensorSpec([None, 4], tf.float32, name="proposals")
-        phrases_spec = serving.string_batch_spec("phrases", static_shape=True)
+        # Any shape: shapes are checked in the graph so that a wrong one gets
+        # an InvalidArgument error with a readable message (tf_twobranch.export.serving).
+        image_spec = tf.TensorSpec(None, tf.string, name="image_jpeg")
+        proposals_spec = tf.TensorSpec(None, tf.float32, name="proposals")
+        phrases_spec = serving.string_batch_spec("phrases")
 
         @tf.function(input_signature=[image_spec, proposals_spec, phrases_spec])
         def score_proposals(image_jpeg, proposals, phrases):
