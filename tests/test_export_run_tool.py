@@ -161,7 +161,13 @@ def test_fragment_run_serves_jpeg_boxes_and_parse_triplets_as_the_core_ranks(run
     i2t, t2i = _ranks(loaded, split.caption_image, {"image_jpeg": jpegs, "boxes": boxes, "num_boxes": num_boxes},
                       triplet_request(parsed), test.num_images)
     np.testing.assert_array_equal(i2t, core_i2t)
-    np.testing.assert_array_equal(t2i, core_t2i)
+    # A caption that S_kl scores equally with another image (a barely trained ReLU space gives ties at 0)
+    # is ranked below the tie by the core and by index by top-k (docs: ties); the others must agree.
+    scores = score_fn(0, len(split.caption_image))
+    at_positive = scores[split.caption_image, np.arange(len(split.caption_image))]
+    untied = (scores == at_positive[None, :]).sum(axis=0) == 1
+    assert untied.sum() > len(untied) // 2
+    np.testing.assert_array_equal(t2i[untied], core_t2i[untied])
     config = json.loads((tmp_path / "export" / "assets.extra" / "run_config.json").read_text())
     assert config["export_notes"] == [] and config["fragment_export"]["gallery_images"] == test.num_images
 
@@ -211,19 +217,19 @@ def test_a_folder_of_jpegs_and_a_caption_file_are_embedded_as_queries_are(runs, 
     query = serving.call_signature(loaded, "embed_images", image_jpeg=jpegs)["image_embedding"].numpy()
     np.testing.assert_allclose(gallery, query, atol=1e-5)
     np.testing.assert_array_equal(np.argmax(query @ gallery.T, axis=1), np.arange(len(paths)))
-    assert [b.decode() for b in loaded.gallery_image_ids.numpy()] == [p.stem for p in paths]
-    assert [b.decode() for b in loaded.gallery_caption_ids.numpy()] == ["1", "2", "3", "4", "5", "7"]
     out = serving.call_signature(loaded, "retrieve_images", captions=[test.captions[5]], k=np.int32(len(paths)))
+    assert [b.decode() for b in out["image_ids"].numpy()[0]] == [paths[i].stem for i in out["image_index"][0]]
     scores = serving.call_signature(loaded, "score", image_jpeg=jpegs, captions=[test.captions[5]])["scores"].numpy()
     np.testing.assert_array_equal(out["image_index"].numpy()[0], np.argsort(-scores[:, 0], kind="stable"))
-    out = serving.call_signature(loaded, "retrieve_captions", image_jpeg=jpegs[:1], k=np.int32(1))
-    assert out["caption_ids"].numpy()[0, 0].decode() in {"1", "2", "3", "4", "5", "7"}
+    out = serving.call_signature(loaded, "retrieve_captions", image_jpeg=jpegs[:1], k=np.int32(6))
+    assert sorted(b.decode() for b in out["caption_ids"].numpy()[0]) == ["1", "2", "3", "4", "5", "7"]
     # The dataset's token format: ids <image>#<k>; the split's images stay the other side.
     tokens = tmp_path / "captions.token"
     tokens.write_text("".join(f"{test.image_ids[0]}.jpg#{k}\t{c}\n" for k, c in enumerate(test.captions[:2])))
     loaded = _export(root / "b6", tmp_path / "export2", f"--gallery_captions={tokens}")
-    assert [b.decode() for b in loaded.gallery_caption_ids.numpy()] == [f"{test.image_ids[0]}#0",
-                                                                       f"{test.image_ids[0]}#1"]
+    out = serving.call_signature(loaded, "retrieve_captions", image_jpeg=jpegs[:1], k=np.int32(2))
+    assert sorted(b.decode() for b in out["caption_ids"].numpy()[0]) == [f"{test.image_ids[0]}#0",
+                                                                        f"{test.image_ids[0]}#1"]
     assert loaded.gallery_images.shape[0] == test.num_images
 
 
