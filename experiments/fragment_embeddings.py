@@ -261,9 +261,13 @@ def run_recipe(r: FragmentRecipe, typed: dict | None = None, flagfile: str | Non
     record["random_baseline"] = random_metrics
     record["grounding"] = pipeline.grounding(r, data, model)
     if r.export and config.representation == "fragments" and common.is_chief():
+        # JPEG bytes + boxes in where the row's CNN is known (its feature inputs stay beside them).
+        cnn, note = pipeline.serving_image_cnn(r, data, config)
+        if note:
+            logging.info("export: %s", note)
         record["export_dir"] = str(export_fragment_model(
-            model, run_dir / "export", relations=text.relations, words=text.word_vectors.words,
-            run_config={"model": config.to_dict(), **saved}))
+            model, run_dir / "export", relations=text.relations, words=text.word_vectors.words, image_cnn=cnn,
+            run_config={"model": config.to_dict(), **saved, "export_notes": [note] if note else []}))
     record["seconds"] = time.time() - start
     common.write_json(r.out_json or run_dir / "results.json", record)
     return record

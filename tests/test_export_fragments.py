@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.export.fragment_embedding import export_fragment_model
+from tf_twobranch.export.fragment_embedding import FragmentServingModule, export_fragment_model
 from tf_twobranch.export.serving import read_warmup_requests
 from tf_twobranch.losses.fragment import fragment_scores, global_scores
 from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
@@ -116,8 +116,6 @@ def test_string_signature_equals_id_signature(exported):
 @pytest.mark.parametrize("signature,change,message", [
     ("embed_image_fragments", {"image_fragments": np.zeros((2, 3, 5), np.float32)},
      r"image_fragments must have shape \(batch, fragments, 6\); got shape\] \[2 3 5\]"),
-    ("embed_image_fragments", {"image_fragments": np.zeros((2, 6), np.float32)},
-     r"image_fragments must have shape \(batch, fragments, 6\)"),
     ("embed_image_fragments", {"image_fragments": np.zeros((0, 2, 6), np.float32)}, "image_fragments is empty"),
     ("embed_image_fragments", {"image_fragments": np.full((1, 2, 6), np.inf, np.float32)}, "NaN or inf"),
     ("embed_sentence_fragments", {"word2": np.array([[1, 7]], np.int32)},
@@ -310,3 +308,16 @@ def test_serving_doc_spacy_recipe_feeds_embed_sentences(tmp_path):
                                    words)
     out = module.embed_sentences(**{k: tf.constant(v) for k, v in request.items()})
     np.testing.assert_array_equal(out["sentence_mask"].numpy(), np.array(request["relation"]) != "")
+
+
+def test_declared_sizes_refuse_a_wrong_rank_before_the_graph(exported):
+    # A declared (None, None, 6) spec lets the graph fold its rank check, so a wrong rank is refused
+    # by the spec check; the in-graph check still names it where the rank is not declared.
+    from tf_twobranch.errors import UserInputError
+    from tf_twobranch.export import serving
+    _, _, loaded = exported
+    with pytest.raises(UserInputError, match=r"input 'image_fragments': expected float32 of shape \(batch, \?, 6\)"):
+        serving.call_signature(loaded, "embed_image_fragments", image_fragments=np.zeros((2, 6), np.float32))
+    module = FragmentServingModule(_model(), RELATIONS, WORDS)
+    with pytest.raises(IA, match=r"image_fragments must have shape \(batch, fragments, 6\)"):
+        module._validate_image_fragments(tf.zeros((2, 6)))

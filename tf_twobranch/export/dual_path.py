@@ -57,16 +57,19 @@ class DualPathServingModule(TowerServingModule):
         self.coder = TokenCoder(self.vocabulary, name="token_coder")
         serving.track_keras_variables(self, self.image_tower, self.text_tower)
 
-        @tf.function(input_signature=[serving.jpeg_batch_spec("image_jpeg")])
+        # Declared (batch,): the graph's checks still name a wrong rank for callers that skip the spec.
+        image_spec = serving.jpeg_batch_spec("image_jpeg", static_shape=True)
+        text_spec = serving.string_batch_spec("captions", static_shape=True)
+
+        @tf.function(input_signature=[image_spec])
         def embed_images(image_jpeg):
             return {"image_embedding": self._image(image_jpeg)}
 
-        @tf.function(input_signature=[serving.string_batch_spec("captions")])
+        @tf.function(input_signature=[text_spec])
         def embed_texts(captions):
             return {"text_embedding": self._text(captions)}
 
-        @tf.function(input_signature=[serving.jpeg_batch_spec("image_jpeg"),
-                                      serving.string_batch_spec("captions")])
+        @tf.function(input_signature=[image_spec, text_spec])
         def score(image_jpeg, captions):
             return {"scores": tf.matmul(self._image(image_jpeg), self._text(captions),
                                         transpose_b=True)}
@@ -74,11 +77,11 @@ class DualPathServingModule(TowerServingModule):
         self.embed_images = embed_images
         self.embed_texts = embed_texts
         self.score = score
+        self.query_specs = ([image_spec], [text_spec])
         self.has_gallery = gallery is not None
         if gallery is not None:
             add_retrieval_signatures(
-                self, gallery, image_spec=serving.jpeg_batch_spec("image_jpeg"),
-                text_spec=serving.string_batch_spec("captions"), embed_image=self._image,
+                self, gallery, image_spec=image_spec, text_spec=text_spec, embed_image=self._image,
                 embed_text=self._text, pair_scores=lambda a, b: tf.matmul(a, b, transpose_b=True))
 
     def signatures(self) -> dict:
@@ -86,6 +89,14 @@ class DualPathServingModule(TowerServingModule):
         if self.has_gallery:
             out.update(retrieve_captions=self.retrieve_captions, retrieve_images=self.retrieve_images)
         return out
+
+    def query_image(self, image_jpeg):
+        """Embeddings of ``retrieve_captions``' query (those of ``embed_images``)."""
+        return self._image(image_jpeg)
+
+    def query_text(self, captions):
+        """Embeddings of ``retrieve_images``' query (those of ``embed_texts``)."""
+        return self._text(captions)
 
     def _image(self, jpeg):
         pixels = serving.decode_jpeg_batch(jpeg, self.image_size, "image_jpeg")

@@ -195,11 +195,13 @@ class FragmentServingModule(tf.Module):
         serving.track_keras_variables(self, *[layer for layer in (self.image_head, self.image_projection,
                                                                   self.sentence_encoder) if layer is not None])
 
-        image_spec = serving.feature_batch_spec("image_fragments")
-        id_specs = [tf.TensorSpec(None, tf.int32, name=name) for name in ID_INPUTS]
-        string_specs = [tf.TensorSpec(None, tf.string, name=name) for name in ID_INPUTS]
-        pair_specs = [image_spec, tf.TensorSpec(None, tf.bool, name="image_mask"), *id_specs,
-                      tf.TensorSpec(None, tf.bool, name="sentence_mask")]
+        # Declared sizes; the graph's checks stay for callers that bypass the specs (a concrete
+        # function called on a tensor of another shape) and name what the request got.
+        image_spec = tf.TensorSpec([None, None, self.image_dim], tf.float32, name="image_fragments")
+        id_specs = [tf.TensorSpec([None, None], tf.int32, name=name) for name in ID_INPUTS]
+        string_specs = [tf.TensorSpec([None, None], tf.string, name=name) for name in ID_INPUTS]
+        image_mask_spec = tf.TensorSpec([None, None], tf.bool, name="image_mask")
+        pair_specs = [image_spec, image_mask_spec, *id_specs, tf.TensorSpec([None, None], tf.bool, name="sentence_mask")]
 
         # autograph off: the Python loops below only build per-input checks (no
         # tensor-dependent control flow), and every trace is paid twice (warm-up, save).
@@ -276,14 +278,14 @@ class FragmentServingModule(tf.Module):
 
             self.embed_images = embed_images
             self.score_jpeg = score_jpeg
+        if image_cnn is not None:
+            image_specs, embed_image = jpeg_specs, self._jpeg_images
+        else:
+            image_specs, embed_image = [image_spec, image_mask_spec], self._image_side
+        self.query_specs = (image_specs, triplet_specs)
+        self._query_image = embed_image
         self.has_gallery = gallery is not None
         if gallery is not None:
-            if image_cnn is not None:
-                image_specs, embed_image = jpeg_specs, self._jpeg_images
-            else:
-                image_specs = [tf.TensorSpec([None, None, self.image_dim], tf.float32, name="image_fragments"),
-                               tf.TensorSpec([None, None], tf.bool, name="image_mask")]
-                embed_image = self._image_side
             if gallery.image_mask is None or gallery.caption_mask is None:
                 raise ConfigError("a fragment gallery holds the masks of its image and sentence fragments "
                                   "(fragment_gallery builds it)")
@@ -307,6 +309,15 @@ class FragmentServingModule(tf.Module):
         if self.has_gallery:
             out.update(retrieve_captions=self.retrieve_captions, retrieve_images=self.retrieve_images)
         return out
+
+    def query_image(self, *inputs):
+        """(v, mask) of ``retrieve_captions``' query: JPEG bytes and boxes with the CNN, else
+        image-fragment features and their mask."""
+        return self._query_image(*inputs)
+
+    def query_text(self, relation, word1, word2):
+        """(s, mask) of ``retrieve_images``' query: the parse triplets of ``embed_sentences``."""
+        return self._parsed_sentences(relation, word1, word2)
 
     # ------------------------------------------------------------------ encoders
     def _image(self, image_fragments):

@@ -148,8 +148,10 @@ class NPairServingModule(tf.Module):
         serving.track_keras_variables(self, self.backbone, self.projection, self.word_embedding, self.lstm)
 
         # autograph off: no tensor-dependent Python control flow, and every trace is paid twice (warm-up, save).
-        @tf.function(input_signature=[serving.jpeg_batch_spec("image_jpeg"), serving.string_batch_spec("caption")],
-                     autograph=False)
+        image_spec = serving.jpeg_batch_spec("image_jpeg", static_shape=True)
+        caption_spec = serving.string_batch_spec("caption", static_shape=True)
+
+        @tf.function(input_signature=[image_spec, caption_spec], autograph=False)
         def localize(image_jpeg, caption):
             pixels = self._pixels(image_jpeg)
             token_ids, token_mask = self._caption_ids(caption)
@@ -173,30 +175,32 @@ class NPairServingModule(tf.Module):
                     "points": self._points(heat_maps)}
 
         self.localize = localize
+        depth = int(cfg.embed_dim)
+
+        def query_maps(image_jpeg):
+            # As `localization_maps.evaluation_maps`: a map's normalisation reads only that map.
+            maps = model.image_maps({"backbone_map": self.backbone(self._pixels(image_jpeg), training=False)},
+                                    training=False)
+            return model.normalised(maps, tf.zeros([1, 1, depth]), tf.ones([1, 1], tf.bool))[0]
+
+        def query_tokens(caption):
+            # As `localization_maps.token_vector_rows`: a caption's normalisation reads only that caption.
+            token_ids, token_mask = self._caption_ids(caption)
+            tokens = model.token_vectors(token_ids, training=False)
+            return model.normalised(tf.zeros([1, 1, 1, depth]), tokens, token_mask)[1], token_mask
+
+        # What the retrieval signatures embed a query with (and a gallery of JPEGs / captions).
+        self.query_specs = ([image_spec], [caption_spec])
+        self.query_image, self.query_text = query_maps, query_tokens
         self.has_gallery = gallery is not None
         if gallery is not None:
             if gallery.caption_mask is None:
                 raise ConfigError("an N-pair gallery holds the mask of its captions' words (npair_gallery builds it)")
-            depth = int(cfg.embed_dim)
-
-            def query_maps(image_jpeg):
-                # As `localization_maps.evaluation_maps`: a map's normalisation reads only that map.
-                maps = model.image_maps({"backbone_map": self.backbone(self._pixels(image_jpeg), training=False)},
-                                        training=False)
-                return model.normalised(maps, tf.zeros([1, 1, depth]), tf.ones([1, 1], tf.bool))[0]
-
-            def query_tokens(caption):
-                # As `localization_maps.token_vector_rows`: a caption's normalisation reads only that caption.
-                token_ids, token_mask = self._caption_ids(caption)
-                tokens = model.token_vectors(token_ids, training=False)
-                return model.normalised(tf.zeros([1, 1, 1, depth]), tokens, token_mask)[1], token_mask
-
             if gallery_block is None:
                 products = int(np.prod(np.shape(gallery.image_embeddings)[1:3])) * self.max_tokens
                 gallery_block = max(1, BLOCK_PRODUCTS // max(1, products))
             add_retrieval_signatures(
-                self, gallery, image_spec=tf.TensorSpec([None], tf.string, name="image_jpeg"),
-                text_spec=tf.TensorSpec([None], tf.string, name="caption"), embed_image=query_maps,
+                self, gallery, image_spec=image_spec, text_spec=caption_spec, embed_image=query_maps,
                 embed_text=query_tokens, block_rows=gallery_block, autograph=False,
                 pair_scores=lambda maps, captions: volume.pairwise_localization_scores(
                     maps, *captions, aggregator=cfg.aggregator, token_average=cfg.token_average))

@@ -138,6 +138,7 @@ class TwoBranchServingModule(TowerServingModule):
         self.similarity_head = model.similarity_head
         serving.track_keras_variables(self, self.image_backbone, self.image_tower, self.text_layer,
                                       self.text_tower, self.similarity_head)
+        self.query_specs = ([image_spec], [text_spec])
 
         @tf.function(input_signature=[image_spec])
         def embed_images(images):
@@ -197,6 +198,14 @@ class TwoBranchServingModule(TowerServingModule):
         if self.has_gallery:
             out.update(retrieve_captions=self.retrieve_captions, retrieve_images=self.retrieve_images)
         return out
+
+    def query_image(self, images):
+        """Tower outputs of ``retrieve_captions``' query (that of ``embed_images``)."""
+        return self._image(images)
+
+    def query_text(self, texts):
+        """Tower outputs of ``retrieve_images``' query (that of ``embed_texts``)."""
+        return self._text(texts)
 
     def _pair_scores(self, img, txt):
         """(num_images, num_texts) scores, higher = better, as the evaluation core scores them."""

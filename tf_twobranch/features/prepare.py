@@ -158,14 +158,19 @@ def train_scene_cnn_backbone(spec: FeatureSpec, train: CaptionCorpus, layout: Da
     return backbone, images.shape[1]
 
 
+def scene_cnn_path(train: CaptionCorpus, cache_dir, *, epochs: int, seed: int = 0) -> pathlib.Path:
+    """Where `cached_scene_cnn` keeps the scene CNN of (training images, epochs, seed)."""
+    key = {"epochs": epochs, "seed": seed, "train": cache_digest({"ids": list(train.image_ids)})}
+    return pathlib.Path(cache_dir) / f"scene_cnn_{cache_digest(key)}" / "scene_cnn.keras"
+
+
 def cached_scene_cnn(layout: DatasetLayout, train: CaptionCorpus, cache_dir, *, epochs: int,
                      seed: int = 0):
     """The scene CNN trained on `train` (`train_scene_cnn_backbone`), trained once per
     (training images, epochs, seed) and kept in ``cache_dir/scene_cnn_<digest>/scene_cnn.keras``,
     so the models that share it (deep fragment embeddings, the N-pair localization model)
     train it once."""
-    key = {"epochs": epochs, "seed": seed, "train": cache_digest({"ids": list(train.image_ids)})}
-    path = pathlib.Path(cache_dir) / f"scene_cnn_{cache_digest(key)}" / "scene_cnn.keras"
+    path = scene_cnn_path(train, cache_dir, epochs=epochs, seed=seed)
     if path.exists():
         return load_scene_cnn(path)
     backbone, _ = train_scene_cnn_backbone(FeatureSpec(scene_cnn_epochs=epochs, seed=seed), train, layout)

@@ -40,9 +40,12 @@ from tf_twobranch.evaluation.grounding import fragment_grounding
 from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.features.image_fragments import fragment_boxes
+from tf_twobranch.features.backbones import build_backbone
+from tf_twobranch.features.prepare import scene_cnn_path
 from tf_twobranch.features.prepare_fragments import (FragmentFeatureSpec, FragmentImages, FragmentText,
-                                                     FragmentTextSpec, image_fragment_inputs,
+                                                     FragmentTextSpec, fragment_cnn, image_fragment_inputs,
                                                      sentence_fragment_inputs)
+from tf_twobranch.features.scene_cnn import load_scene_cnn
 from tf_twobranch.features.prepare_regions import read_split_proposals
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig, build_fragment_model,
@@ -53,7 +56,8 @@ from tf_twobranch.table_runner import slug
 from tf_twobranch.runs import Run, _config_folder, run_results, run_weights
 
 __all__ = ["FragmentRecipe", "FragmentData", "load_data", "build_config", "image_inputs", "evaluation_split",
-           "stage_epochs", "stage_learning_rate", "initial_weights", "load_fragment_run", "grounding"]
+           "stage_epochs", "stage_learning_rate", "initial_weights", "load_fragment_run", "grounding",
+           "serving_image_cnn"]
 
 
 @dataclasses.dataclass
@@ -227,6 +231,33 @@ def evaluation_split(recipe: FragmentRecipe, data: FragmentData, config: Fragmen
         text={"relation": fragments.relation, "word1": fragments.word1, "word2": fragments.word2,
               "row_splits": fragments.row_splits},
         caption_image=data.splits[recipe.eval_split].caption_image, protocol=recipe.protocol)
+
+
+def serving_image_cnn(recipe: FragmentRecipe, data: FragmentData, config: FragmentEmbeddingConfig):
+    """``(cnn, None)``: the CNN from an image crop to the row's image inputs
+    (`prepare_fragments.fragment_cnn` of the backbone that computed the cached fragments), for an
+    export taking JPEG bytes and boxes; or ``(None, why)`` when it cannot be had.
+
+    The scene CNN is only read where `cached_scene_cnn` kept it, never trained again: a new one
+    would not give the cached features the row was trained and evaluated on.
+    """
+    r = recipe
+    if r.fragment_features:
+        return None, ("the row's image fragments are precomputed --fragment_features (no CNN known): the "
+                      "export takes image_fragments")
+    if r.image_backbone == "scene_cnn":
+        cache = pathlib.Path(r.features_cache) if r.features_cache else data.source / "features"
+        path = scene_cnn_path(data.splits["train"], cache, epochs=r.scene_cnn_epochs, seed=r.seed)
+        if not path.is_file():
+            return None, (f"the scene CNN that computed the cached image fragments is missing ({path}): the "
+                          "export takes image_fragments")
+        backbone = load_scene_cnn(path)
+    elif not r.backbone_weights:
+        return None, (f"the {r.image_backbone} backbone has no --backbone_weights: the export takes "
+                      "image_fragments")
+    else:
+        backbone = build_backbone(r.image_backbone, weights_path=r.backbone_weights)
+    return fragment_cnn(backbone, r.image_backbone, fine_tuned=config.image_head_dim > 0), None
 
 
 # ---------------------------------------------------------------------------- schedule
