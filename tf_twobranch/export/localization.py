@@ -115,16 +115,22 @@ def _check_proposals(proposals, height, width, box_convention: str):
         empty = tf.logical_or(x2 <= x1, y2 <= y1)
         outside = tf.reduce_any(tf.stack([x1 < 0, y1 < 0, x2 > w, y2 > h]), axis=0)
         rule = "0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height (0-based, half-open)"
+    # The messages' index and box are computed on a padded copy: with no box at all they must not
+    # fail before the "proposals is empty" check does (the graph may run them in either order).
+    padded = tf.concat([proposals, tf.zeros([1, 4], proposals.dtype)], axis=0)
+
+    def first(mask):
+        return tf.argmax(tf.concat([tf.cast(mask, tf.int32), [0]], axis=0))
+
     checks.append(tf.debugging.Assert(
         tf.logical_not(tf.reduce_any(empty)),
         [f"proposals: zero-area box (expected {rule}); first bad box index:",
-         tf.argmax(tf.cast(empty, tf.int32)), "box:", tf.gather(proposals, tf.argmax(tf.cast(empty, tf.int32)))],
+         first(empty), "box:", tf.gather(padded, first(empty))],
         summarize=8))
     checks.append(tf.debugging.Assert(
         tf.logical_not(tf.reduce_any(outside)),
         ["proposals: box outside the image (expected " + rule + "); image height, width:", height, width,
-         "first bad box index:", tf.argmax(tf.cast(outside, tf.int32)),
-         "box:", tf.gather(proposals, tf.argmax(tf.cast(outside, tf.int32)))],
+         "first bad box index:", first(outside), "box:", tf.gather(padded, first(outside))],
         summarize=8))
     return proposals, checks
 
@@ -177,11 +183,12 @@ class RegionPhraseServingModule(tf.Module):
         serving.track_keras_variables(self, image_backbone, text_layer, self.image_tower, self.text_tower,
                                       self.similarity_head)
 
-        # Any shape: shapes are checked in the graph so that a wrong one gets
-        # an InvalidArgument error with a readable message (tf_twobranch.export.serving).
-        image_spec = tf.TensorSpec(None, tf.string, name="image_jpeg")
-        proposals_spec = tf.TensorSpec(None, tf.float32, name="proposals")
-        phrases_spec = serving.string_batch_spec("phrases")
+        # The fixed sizes are declared (one image, (N, 4) boxes, a batch of phrases) so TF
+        # Serving's metadata tells a client what to send; the package's callers refuse another
+        # rank by name before the graph runs, and the graph checks the rest (tf_twobranch.export.serving).
+        image_spec = tf.TensorSpec([], tf.string, name="image_jpeg")
+        proposals_spec = tf.TensorSpec([None, 4], tf.float32, name="proposals")
+        phrases_spec = serving.string_batch_spec("phrases", static_shape=True)
 
         @tf.function(input_signature=[image_spec, proposals_spec, phrases_spec])
         def score_proposals(image_jpeg, proposals, phrases):
