@@ -46,6 +46,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_bool("grounding", True, "Also run the two-branch region–phrase grounding runs.", **d)
     flags.DEFINE_bool("skip_existing", True, "Reuse a finished run made with the same flags instead of "
                       "training it again (--noskip_existing retrains).", **d)
+    flags.DEFINE_bool("reuse_only", False, "Train nothing: the table of the finished runs, every other run "
+                      "listed as not run yet (e.g. while a long invocation is still going).", **d)
     flags.DEFINE_bool("reduced_epochs", True, "On the embedded data, the shortened schedules of "
                       "tf_twobranch/leaderboard.py (stated under the table).", **d)
     flags.DEFINE_multi_string("row_flag", [], "TARGET:--flag=value added to runs: TARGET is a system key, "
@@ -98,6 +100,8 @@ def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f)
         if finished:
             print(f"  {run.flagfile} (seed {seed}): reused {run_dir}", flush=True)
             return finished
+    if f.reuse_only:
+        return {"error": f"not run yet (--reuse_only): {run.flagfile}, seed {seed}"}
     print(f"  {run.flagfile} (seed {seed}): training -> {run_dir}", flush=True)
     try:
         fv = common.parse_flagfile(module.define_flags, str(common.resolve_config(run.flagfile)), arguments)

@@ -112,7 +112,7 @@ def test_random_ranking_sits_at_chance(tiny):
         (10 / n_images) * (1 - 10 / n_images) / n_captions)
 
 
-def test_second_invocation_reuses_every_run(tiny, monkeypatch):
+def test_second_invocation_reuses_every_run(tiny, monkeypatch, tmp_path):
     from tf_twobranch.baselines.cca import CCABaseline
     from tf_twobranch.training import trainer
 
@@ -123,6 +123,10 @@ def test_second_invocation_reuses_every_run(tiny, monkeypatch):
     monkeypatch.setattr(CCABaseline, "fit", no_training)
     second = exp.run_leaderboard(_flags(*argv))
     assert all(r["reused"] for r in second["board"]["rows"])
+    # --reuse_only trains nothing either, and names what is not run yet instead.
+    only = exp.run_leaderboard(_flags(*[a for a in argv if not a.startswith("--runs_dir")],
+                                      f"--runs_dir={tmp_path}", "--reuse_only", "--systems=cca"))
+    assert "not run yet (--reuse_only)" in only["board"]["rows"][0]["unavailable"]
     for a, b in zip(first["board"]["rows"], second["board"]["rows"]):
         assert a["cells"]["rsum"] == b["cells"]["rsum"] and a["cells"]["params"] == b["cells"]["params"]
 
