@@ -56,6 +56,7 @@ import time
 
 import numpy as np
 
+from tf_twobranch import memory
 from tf_twobranch.json_files import write_json
 
 from benchmarks import scale_data
@@ -65,19 +66,6 @@ FLICKR30K_TRAIN, COCO_TRAIN = 29_783, 113_287
 SLOPE_TARGET_MB = 0.05
 PEAK_TARGET_GB = 8.0
 _FEATURE_SCALE = 0.05   # random features at the scale of CNN activations, so training stays finite
-
-
-def _status_kb(pid: int) -> dict[str, int]:
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-                    out[key] = int(value.split()[0])
-    except (FileNotFoundError, ProcessLookupError, ValueError):
-        pass
-    return out
 
 
 def run_measured(argv: list[str], log_path: pathlib.Path, timeout: float) -> dict:
@@ -91,7 +79,7 @@ def run_measured(argv: list[str], log_path: pathlib.Path, timeout: float) -> dic
 
         def sample():
             while not done.is_set():
-                for key, kb in _status_kb(proc.pid).items():
+                for key, kb in memory.status_kib(proc.pid).items():
                     peaks[key] = max(peaks[key], kb)
                 done.wait(0.05)
 

@@ -18,6 +18,7 @@ import traceback
 from importlib.metadata import version
 from typing import Any, Callable, Sequence
 
+from tf_twobranch import memory
 from tf_twobranch.json_files import write_json
 
 # Matmul shapes (m, k, n, transpose_a) measured for the machine's throughput:
@@ -80,28 +81,6 @@ def machine_description() -> dict:
 
 # --- subprocess runs -------------------------------------------------------
 
-def _read_status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Resets VmHWM to the current RSS (Linux ≥ 4.0: write "5" to clear_refs)."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        return False
-    hwm, rss = _read_status_kib("VmHWM"), _read_status_kib("VmRSS")
-    return hwm is not None and rss is not None and hwm <= rss + 1024
-
-
 class PeakRssMeter:
     """Peak RSS increase of this process over a baseline taken at `start()`.
 
@@ -111,18 +90,18 @@ class PeakRssMeter:
     """
 
     def __init__(self):
-        self.method = "VmHWM" if _reset_peak_rss() else "ru_maxrss"
+        self.method = "VmHWM" if memory.reset_peak_rss() else "ru_maxrss"
 
     def start(self):
         if self.method == "VmHWM":
-            _reset_peak_rss()
-            self.baseline_kib = _read_status_kib("VmRSS")
+            memory.reset_peak_rss()
+            self.baseline_kib = memory.status_kib()["VmRSS"]
         else:
             self.baseline_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     def peak_increase_bytes(self) -> int:
         if self.method == "VmHWM":
-            peak = _read_status_kib("VmHWM")
+            peak = memory.status_kib()["VmHWM"]
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return max(0, peak - self.baseline_kib) * 1024

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import os
 import pathlib
 import time
 
 from absl import app, flags, logging
 
 from experiments import common
-from tf_twobranch import leaderboard as lb
+from tf_twobranch import leaderboard as lb, memory
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
 
@@ -114,28 +113,10 @@ def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f)
     finally:
         # Every run builds its own models, datasets and traced functions; without this one
         # process holding seven systems x three seeds grew past 17 GB (killed at the dual path).
-        release_run_memory()
+        memory.release_run_memory()
     lb.mark_finished(run_dir, arguments, cost)
-    print(f"    done; this process holds {_resident_gb():.1f} GB", flush=True)
+    print(f"    done; this process holds {memory.resident_gb():.1f} GB", flush=True)
     return {"record": record, "cost": cost.as_dict(), "reused": False}
-
-
-def _resident_gb() -> float:
-    try:
-        with open("/proc/self/statm", encoding="ascii") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-
-
-def release_run_memory() -> None:
-    """Drops what a finished run left in this process (Keras' global state, unreachable objects)."""
-    import gc
-
-    import keras
-
-    keras.backend.clear_session()
-    gc.collect()
 
 
 def run_leaderboard(f) -> dict:

@@ -228,35 +228,31 @@ class TwoBranchServingModule(TowerServingModule):
         features.set_shape([None, self.image_dim])
         return features
 
-    def _image_tower(self, features):
-        out = self.image_tower(serving.validate_features(features, self.image_dim, "image_features"),
-                               training=False)
+    def _embedded(self, tower, inputs):
+        """A tower's output with its static width declared (the signatures' outputs carry it)."""
+        out = tower(inputs, training=False)
         out.set_shape([None, self.embed_dim])
         return out
+
+    def _image_tower(self, features):
+        return self._embedded(self.image_tower,
+                              serving.validate_features(features, self.image_dim, "image_features"))
 
     def _image(self, x):
         if self.image_backbone is None:
             return self._image_tower(x)
-        out = self.image_tower(self._backbone_features(x), training=False)
-        out.set_shape([None, self.embed_dim])
-        return out
+        return self._embedded(self.image_tower, self._backbone_features(x))
 
     def _text_tower(self, features):
-        out = self.text_tower(serving.validate_features(features, self.text_dim, "text_features"),
-                              training=False)
-        out.set_shape([None, self.embed_dim])
-        return out
+        return self._embedded(self.text_tower,
+                              serving.validate_features(features, self.text_dim, "text_features"))
 
     def _text(self, x):
         if self.text_input != "captions":
             return self._text_tower(x)
         strings = serving.validate_strings(x, self.text_input)
-        if self.text_layer is not None:
-            out = self.text_tower(self.text_layer(strings), training=False)
-        else:
-            out = self.text_tower(strings, training=False)
-        out.set_shape([None, self.embed_dim])
-        return out
+        return self._embedded(self.text_tower,
+                              strings if self.text_layer is None else self.text_layer(strings))
 
     def warmup_requests(self) -> list[tuple[str, dict]]:
         """One small valid request per signature (two images, two texts)."""
