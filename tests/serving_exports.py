@@ -1,6 +1,8 @@
 """Tiny exports of every family, for the tests that serve them as TF Serving would
 (tests/test_serving_requests.py) and the tests that run docs/SERVING.md and the README's
-serving section (tests/test_readme_sequences.py).
+serving section (tests/test_readme_sequences.py); and a tiny trained run of the main job's row
+(tests/test_export_run_tool.py, tests/test_export_two_branch_raw.py). `session_shared` builds
+each once per test session for every pytest-xdist worker.
 
 Each builder writes one export (with its warm-up file) and returns its directory. The
 models are those of the family's own export tests (tests/test_export*.py), at the same
@@ -9,6 +11,7 @@ tiny sizes; weights are random: these tests are about the requests, not the scor
 from __future__ import annotations
 
 import io
+import os
 import pathlib
 
 import keras
@@ -160,6 +163,59 @@ def build_export(family: str, folder) -> pathlib.Path:
     return pathlib.Path(_BUILDERS[family](folder))
 
 
+def session_shared(name: str, build, tmp_path_factory) -> pathlib.Path:
+    """``build(folder)``'s result (a path inside `folder`), made once per test session and read by
+    every test process.
+
+    Under pytest-xdist each worker has its own base temp folder; their parent is the session's.
+    The first process to ask builds under a file lock, the others wait for it and use the same
+    files: what is shared is only read (tests that write copy it first).
+    """
+    import fcntl
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "session_shared"
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / "BUILT"
+        if not done.exists():
+            if folder.exists():           # a build interrupted by a crashed worker
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            path = pathlib.Path(build(folder))
+            done.write_text(str(path.relative_to(folder)))
+        return folder / done.read_text()
+
+
+def shared_export(family: str, tmp_path_factory) -> pathlib.Path:
+    """The tiny export of `family`, built once per test session (`session_shared`)."""
+    return session_shared(f"export_{family}", lambda folder: build_export(family, folder), tmp_path_factory)
+
+
+def tiny_b6_run(tmp_path_factory):
+    """The main job's row b6 (scene CNN ten crops, Fisher HGLMM) trained for one epoch with its
+    raw-input --export on a 50-image generated dataset; built once per test session (also for
+    tests/test_export_two_branch_raw.py). Returns (dataset folder, run folder)."""
+    def build(folder):
+        from experiments import common
+        from experiments import image_sentence_retrieval as isr
+        from tf_twobranch.data.embedded import generate_embedded_dataset
+        dataset = generate_embedded_dataset(folder / "scenes", num_images=50, splits=(30, 5, 15),
+                                            num_proposals=30)
+        isr.run(common.parse_flagfile(
+            isr.define_flags, str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
+            [f"--dataset_dir={dataset}", "--hidden_dim=16", "--embed_dim=8", "--batch_size=20", "--epochs=1",
+             "--top_k=3", "--scene_cnn_epochs=1", "--word_dim=6", "--verbose=0", f"--run_dir={folder / 'b6'}",
+             "--export"]))
+        return folder
+
+    folder = session_shared("tiny_b6_run", build, tmp_path_factory)
+    return folder / "scenes", folder / "b6"
+
+
 # The run folders the README's and docs/SERVING.md's serving commands name (made by the README's
 # experiment commands above them), and the tiny export of each one's family.
 DOC_RUN_EXPORTS = {
@@ -172,14 +228,17 @@ DOC_RUN_EXPORTS = {
 }
 
 
-def make_doc_folder(folder) -> pathlib.Path:
-    """A working folder for the serving docs: ``runs/.../export`` of every family (tiny exports)
-    and the images they name, ``dog.jpg`` (40x36) and ``street.jpg`` (48x64)."""
+def make_doc_folder(folder, tmp_path_factory) -> pathlib.Path:
+    """A working folder for the serving docs: ``runs/.../export`` of every family (tiny exports,
+    copies of the session's `shared_export`s) and the images they name, ``dog.jpg`` (40x36) and
+    ``street.jpg`` (48x64)."""
     import shutil
 
     folder = pathlib.Path(folder)
-    for run_export, family in DOC_RUN_EXPORTS.items():
-        built = build_export(family, folder / "_built" / family)
+    # In the order opposite to tests/test_serving_requests.py's, so that two workers building
+    # the shared exports at the same time meet in the middle instead of waiting on each other.
+    for run_export, family in reversed(DOC_RUN_EXPORTS.items()):
+        built = shared_export(family, tmp_path_factory)
         (folder / run_export).parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(built, folder / run_export)
     (folder / "dog.jpg").write_bytes(jpeg(1))

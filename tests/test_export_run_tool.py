@@ -14,7 +14,6 @@ import tensorflow_text  # noqa: F401  (tokenizer ops of the exports' text encode
 from absl import flags
 
 from experiments import common
-from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import localization_maps, retrieval
@@ -41,21 +40,18 @@ def _export(run_dir, export_dir, *extra):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Tiny finished runs: the main job's row b6 (scene CNN ten crops, Fisher HGLMM), a fragment row, an
-    N-pair row (sharing the fragment row's cached scene CNN) and a dual-path row, each trained for a few
-    steps through its experiment."""
+    """Tiny finished runs: the main job's row b6 (`tiny_b6_run`), and in a copy of its dataset a
+    fragment row, an N-pair row (sharing the fragment row's cached scene CNN) and a dual-path row,
+    each trained for a few steps through its experiment. ``root / "b6"`` is the shared b6 run."""
     from experiments import fragment_embeddings as fe
-    from experiments import image_sentence_retrieval as isr
     from experiments import instance_loss
     from experiments import npair_localization as npair
-    dataset = generate_embedded_dataset(tmp_path_factory.mktemp("data") / "scenes", num_images=50,
-                                        splits=(30, 5, 15), num_proposals=30)
+    from tests.serving_exports import tiny_b6_run
+    shared_dataset, b6 = tiny_b6_run(tmp_path_factory)
     root = tmp_path_factory.mktemp("runs")
-    isr.run(common.parse_flagfile(
-        isr.define_flags, str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
-        [f"--dataset_dir={dataset}", "--hidden_dim=16", "--embed_dim=8", "--batch_size=20", "--epochs=1",
-         "--top_k=3", "--scene_cnn_epochs=1", "--word_dim=6", "--verbose=0", f"--run_dir={root / 'b6'}",
-         "--noexport"]))
+    # The other rows write their caches into their dataset folder: a copy keeps the shared one as built.
+    dataset = pathlib.Path(shutil.copytree(shared_dataset, tmp_path_factory.mktemp("data") / "scenes"))
+    (root / "b6").symlink_to(b6, target_is_directory=True)
     fe.run(common.parse_flagfile(
         fe.define_flags, str(common.resolve_config("karpathy_table2_fragment_global")),
         [f"--dataset_dir={dataset}", "--word_dim=8", "--embed_dim=16", "--epochs=1", "--batch_size=20",
@@ -173,8 +169,8 @@ def test_fragment_run_serves_jpeg_boxes_and_parse_triplets_as_the_core_ranks(run
 
 
 def test_dual_path_run_serves_its_test_split(runs, tmp_path):
-    """Captions are tokenized in the graph as offline: image ranking per caption = the core's. (A JPEG
-    query is the whole image resized, the test protocol's view; its scores are the core's cosine.)"""
+    """Captions are tokenized in the graph as offline, and a JPEG query is the test protocol's view (the
+    whole image resized, averaged with its flip): both directions' served rankings are the core's."""
     _, root = runs
     loaded = _export(root / "dual_path", tmp_path / "export")
     run = load_run(root / "dual_path")
@@ -191,7 +187,16 @@ def test_dual_path_run_serves_its_test_split(runs, tmp_path):
     index = serving.call_signature(loaded, "retrieve_images", captions=list(data.captions),
                                    k=np.int32(data.num_images))["image_index"].numpy()
     np.testing.assert_array_equal(1 + np.argmax(index == split.caption_image[:, None], axis=1), core_t2i)
-    jpegs = [pathlib.Path(p).read_bytes() for p in data.image_paths[:2]]
+    # A test image sent as its JPEG bytes is embedded as the evaluation embedded it, so its served
+    # caption ranking is the core's image-to-text ranking.
+    all_jpegs = [pathlib.Path(p).read_bytes() for p in data.image_paths]
+    served = serving.call_signature(loaded, "embed_images", image_jpeg=all_jpegs)["image_embedding"].numpy()
+    np.testing.assert_allclose(served, images, atol=1e-4)
+    core_i2t, _ = retrieval.ranks_from_embeddings(images, texts, split.caption_image)
+    i2t, _ = _ranks(loaded, split.caption_image, {"image_jpeg": all_jpegs}, {"captions": list(data.captions)},
+                    data.num_images)
+    np.testing.assert_array_equal(i2t, core_i2t)
+    jpegs = all_jpegs[:2]
     out = serving.call_signature(loaded, "retrieve_captions", image_jpeg=jpegs, k=np.int32(3))
     query = serving.call_signature(loaded, "embed_images", image_jpeg=jpegs)["image_embedding"].numpy()
     np.testing.assert_allclose(out["scores"].numpy(), -np.sort(-(query @ texts.T), axis=1)[:, :3], atol=1e-5)

@@ -150,27 +150,19 @@ def test_bad_elements_are_named(real, real_export):
 
 # ------------------------------------------------------------------ the pipeline's --export, end to end
 
-def test_pipeline_export_takes_jpeg_bytes_and_captions(tmp_path):
+def test_pipeline_export_takes_jpeg_bytes_and_captions(tmp_path_factory):
     """The main job's row (b6: scene CNN ten crops, Fisher HGLMM) on a tiny generated dataset: --export writes
     the raw-input export, its metadata names the raw inputs, and the test split's JPEG files and captions give
     the embeddings of the cached features the row was evaluated on."""
     from tensorflow.python.tools import saved_model_utils
 
-    from experiments import common
-    from experiments import image_sentence_retrieval as isr
-    from tf_twobranch.data.embedded import generate_embedded_dataset
+    from tests.serving_exports import tiny_b6_run
     from tf_twobranch.data.retrieval_data import load_caption_splits
     from tf_twobranch.runs import load_run
 
-    dataset = generate_embedded_dataset(tmp_path / "scenes", num_images=50, splits=(30, 10, 10),
-                                        with_proposals=False)
-    fv = common.parse_flagfile(isr.define_flags,
-                               str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
-                               [f"--dataset_dir={dataset}", "--hidden_dim=16", "--embed_dim=8", "--batch_size=20",
-                                "--epochs=1", "--top_k=3", "--scene_cnn_epochs=1", "--word_dim=6", "--verbose=0",
-                                f"--run_dir={tmp_path / 'run'}", "--export"])
-    record = isr.run(fv)
-    export_dir = tmp_path / "run" / "export"
+    dataset, run_dir = tiny_b6_run(tmp_path_factory)     # trained with --export (shared with the run tool's tests)
+    record = json.loads((run_dir / "results.json").read_text())
+    export_dir = run_dir / "export"
     assert record["export_dir"] == str(export_dir)
     assert record["export_inputs"] == {"image": "image_jpeg", "text": "captions", "notes": []}
     serving_block = json.loads((export_dir / "assets.extra" / "run_config.json").read_text())["serving"]
@@ -188,7 +180,7 @@ def test_pipeline_export_takes_jpeg_bytes_and_captions(tmp_path):
                       "score_features": {"image_features": ("float32", [-1, image_dim]),
                                          "text_features": ("float32", [-1, serving_block["text_features_dim"]])}}
 
-    run = load_run(tmp_path / "run")
+    run = load_run(run_dir)
     split = run.evaluation_split()
     test = load_caption_splits(dataset)["test"]
     jpegs = [(dataset / "images" / f"{i}.jpg").read_bytes() for i in test.image_ids]

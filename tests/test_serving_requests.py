@@ -31,7 +31,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (the string-input graphs' ops)
 from tensorflow.core.protobuf import saved_model_pb2
 
-from tests.serving_exports import FAMILIES, build_export
+from tests.serving_exports import FAMILIES, shared_export
 from tf_twobranch.export import serving
 
 predict_pb2 = pytest.importorskip(
@@ -44,7 +44,7 @@ IA = tf.errors.InvalidArgumentError
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def served(request, tmp_path_factory):
-    path = build_export(request.param, tmp_path_factory.mktemp(request.param))
+    path = shared_export(request.param, tmp_path_factory)
     loaded = tf.saved_model.load(str(path))
     saved_model = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
     signature_defs = {name: d for name, d in saved_model.meta_graphs[0].signature_def.items()
