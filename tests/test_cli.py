@@ -14,10 +14,17 @@ EXPERIMENTS = ["image_sentence_retrieval", "retrieval_table", "phrase_localizati
                "sentence_retrieval_baselines"]
 
 
+@pytest.fixture(scope="module")
+def stray_argument_runs():
+    """Each experiment run as `python -m experiments.<module> stray_arg` (one TensorFlow import for all)."""
+    from tests.forked_modules import run_modules
+    runs = run_modules([[f"experiments.{m}", "stray_arg"] for m in EXPERIMENTS], cwd=common.REPO_ROOT)
+    return dict(zip(EXPERIMENTS, runs))
+
+
 @pytest.mark.parametrize("module", EXPERIMENTS)
-def test_stray_positional_arguments_are_refused(module):
-    proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", "stray_arg"],
-                          capture_output=True, text=True, cwd=common.REPO_ROOT, timeout=120)
+def test_stray_positional_arguments_are_refused(module, stray_argument_runs):
+    proc = stray_argument_runs[module]
     assert proc.returncode == 2, proc.stderr
     assert "unexpected arguments ['stray_arg']" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -3,7 +3,6 @@ import io
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import keras
@@ -49,16 +48,11 @@ def _jpeg(seed, height=20, width=16):
 
 
 def _run_concurrently(commands):
-    """Runs the CLI commands in parallel (each pays several seconds of TF start-up)."""
+    """Runs the CLI commands (``python -m module args``) with one TensorFlow start-up for all of them."""
+    from tests.forked_modules import run_modules
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for c in commands]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        results.append((p.returncode, out, err))
-    return results
+    return [tuple(r) for r in run_modules([c[2:] for c in commands], env=env)]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ import io
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -212,9 +211,9 @@ def test_saved_model_cli_show_and_run(exported, tmp_path):
          "--signature_def", "score_proposals", "--inputs", f"image_jpeg={tmp_path / 'image.npy'}",
          "--input_exprs", f"proposals={PROPOSALS.tolist()};phrases={PHRASES}", "--outdir", str(tmp_path / "out")],
     ]
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for c in commands]
-    (show, show_err), (_, run_err) = [p.communicate(timeout=300) for p in procs]
+    from tests.forked_modules import run_modules
+    procs = run_modules([c[2:] for c in commands], env=env)    # one TensorFlow start-up for both
+    (_, show, show_err), (_, _, run_err) = procs
     assert procs[0].returncode == 0, show_err
     for name in ("score_proposals", "embed_regions", "embed_phrases", "serving_default", "image_jpeg",
                  "proposals", "phrases", "best_box", "scores"):
