@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import subprocess
-import sys
 from typing import Callable
 
 import numpy as np
@@ -471,11 +469,6 @@ def test_bad_input_raises_a_user_error_naming_where(case, tmp_path):
 # ---------------------------------------------------------------------------- command line
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "experiments.image_sentence_retrieval", *args],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
-
-
 def stray_positional_argument(tmp_path):
     return ["--epochs=1", "stray_arg"], ("unexpected arguments", "stray_arg")
 
@@ -501,11 +494,20 @@ CLI_CASES = [(stray_positional_argument, ()),
              (unknown_flag_in_flagfile_on_command_line, ())]
 
 
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory):
+    """Every CLI case as `python -m experiments.image_sentence_retrieval <args>` (one TensorFlow start-up)."""
+    from tests.forked_modules import run_modules
+    cases = {c.__name__: c(tmp_path_factory.mktemp(c.__name__)) for c, _ in CLI_CASES}
+    runs = run_modules([["experiments.image_sentence_retrieval", *args] for args, _ in cases.values()],
+                       cwd=REPO_ROOT)
+    return {name: (proc, names) for (name, (_, names)), proc in zip(cases.items(), runs)}
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, marks=m, id=c.__name__.replace("_", "-"))
                                   for c, m in CLI_CASES])
-def test_bad_command_line_exits_2_with_one_error_line(case, tmp_path):
-    args, names = case(tmp_path)
-    proc = _run_cli(*args)
+def test_bad_command_line_exits_2_with_one_error_line(case, cli_runs):
+    proc, names = cli_runs[case.__name__]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
