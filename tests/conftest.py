@@ -19,3 +19,19 @@ def realdata():
     if not REALDATA.is_dir():
         pytest.skip(f"real data folder {REALDATA} is absent (it is only beside CI/dev clones)")
     return REALDATA
+
+
+# The longest test files first (per-file times of a full run, BUILD_NOTES "Suite time (session 15)").
+# Under `--dist loadfile` each file is one unit of work, handed to the workers in collection order:
+# a long file collected last (the order is alphabetical otherwise) leaves the other worker idle at
+# the end. Only the order changes; tests within a file keep theirs.
+_LONGEST_FIRST = ("test_export_run_tool", "test_leaderboard", "test_export_two_branch_raw", "test_serving_requests",
+                  "test_distribute", "test_experiment_image_sentence", "test_experiment_instance_loss",
+                  "test_export_retrieval_fragment_npair", "test_readme_sequences", "test_export_fragments",
+                  "test_export", "test_experiment_phrase_localization", "test_main_job", "test_experiment_fragments",
+                  "test_dual_path")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
