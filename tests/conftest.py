@@ -22,9 +22,10 @@ def realdata():
 
 
 # The longest test files first (per-file times of a full run, BUILD_NOTES "Suite time (session 15)").
-# Under `--dist loadfile` each file is one unit of work, handed to the workers in collection order:
-# a long file collected last (the order is alphabetical otherwise) leaves the other worker idle at
-# the end. Only the order changes; tests within a file keep theirs.
+# Under `--dist loadfile --no-loadscope-reorder` (pytest.ini) each file is one unit of work, handed to
+# the workers in collection order: a long file handed out last leaves the other worker idle at the
+# end (xdist's default order, by number of tests, sent the long few-test files such as the
+# leaderboard's last). Only the order changes; tests within a file keep theirs.
 _LONGEST_FIRST = ("test_export_run_tool", "test_leaderboard", "test_export_two_branch_raw", "test_serving_requests",
                   "test_distribute", "test_experiment_image_sentence", "test_experiment_instance_loss",
                   "test_export_retrieval_fragment_npair", "test_readme_sequences", "test_export_fragments",
