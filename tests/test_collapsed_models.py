@@ -8,9 +8,9 @@ model on random inputs must stay within noise of chance.
 """
 import json
 import math
-import subprocess
 import sys
 
+from tests.forked_modules import run_python
 import numpy as np
 import pytest
 
@@ -215,7 +215,7 @@ def test_cli_with_all_zero_test_features_reports_at_most_chance(tiny_dataset, tm
     for name, array in files.items():
         np.save(tmp_path / f"{name}.npy", array.astype(np.float32))
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
+    proc = run_python(
         [sys.executable, "-m", "experiments.image_sentence_retrieval",
          f"--flagfile={common.REPO_ROOT / 'experiments/configs/table2_b4_nonlinear_bidir.cfg'}",
          f"--dataset_dir={tiny_dataset}", f"--run_dir={run_dir}", *TINY_FLAGS,

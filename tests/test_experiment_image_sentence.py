@@ -1,8 +1,8 @@
 """End-to-end: the image-sentence experiment on a tiny embedded dataset."""
 import json
-import subprocess
 import sys
 
+from tests.forked_modules import run_python
 import pytest
 
 from tests.records import assert_comparable_record
@@ -109,7 +109,7 @@ def test_every_shipped_flagfile_parses():
 
 
 def test_command_line_error_has_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "experiments.image_sentence_retrieval",
+    proc = run_python([sys.executable, "-m", "experiments.image_sentence_retrieval",
                            f"--dataset_dir={tmp_path / 'missing'}"],
                           capture_output=True, text=True, cwd=common.REPO_ROOT)
     assert proc.returncode == 2

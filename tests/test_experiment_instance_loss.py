@@ -2,6 +2,7 @@
 import json
 import pathlib
 
+from tests.forked_modules import run_python
 import numpy as np
 import pytest
 from absl import flags
@@ -83,10 +84,9 @@ def test_missing_dataset_dir_is_reported_before_word_vectors_and_weights(tmp_pat
 
 
 def test_missing_dataset_dir_command_line_error():
-    import subprocess
     import sys
 
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, "-m", "experiments.instance_loss", "--dataset_dir=/nonexistent",
          "--word_vectors=/also/missing.bin"],
         cwd=common.REPO_ROOT, capture_output=True, text=True, timeout=300)

@@ -3,9 +3,9 @@ clear errors, warm-up, saved_model_cli."""
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
+from tests.forked_modules import run_python
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -189,7 +189,7 @@ def test_saved_model_cli_run_score(exported, tmp_path):
                "--tag_set", "serve", "--signature_def", "score",
                "--inputs", ";".join(f"{name}={tmp_path / f'{name}.npy'}" for name in r),
                "--outdir", str(tmp_path / "out")]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    proc = run_python(command, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "out" / "scores.npy"), _keras_outputs(model, r)[2], atol=1e-5)
 

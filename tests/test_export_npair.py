@@ -4,10 +4,10 @@ import io
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import keras
+from tests.forked_modules import run_python
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -196,7 +196,7 @@ def test_saved_model_cli_run(exported, tmp_path):
     command = [*SAVED_MODEL_CLI_TEXT, "run", "--dir", str(export_dir), "--tag_set", "serve",
                "--signature_def", "localize", "--inputs", f"image_jpeg={tmp_path / 'jpegs.npy'}",
                "--input_exprs", f"caption={CAPTIONS[:2]}", "--outdir", str(tmp_path / "out")]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    proc = run_python(command, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = _keras_outputs(model, jpegs, CAPTIONS[:2])
     np.testing.assert_allclose(np.load(tmp_path / "out" / "score.npy"), want["score"], atol=1e-4)

@@ -1,5 +1,6 @@
 """Tests for image/region feature extraction and the scene CNN."""
 import keras
+from tests.forked_modules import run_python
 import numpy as np
 import pytest
 from PIL import Image
@@ -268,10 +269,9 @@ def test_cli_writes_features_in_split_order(tmp_path):
 
 
 def test_cli_user_error_is_one_line(tmp_path):
-    import subprocess
     import sys
 
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, "-m", "tf_twobranch.tools.extract_image_features",
          f"--images_dir={tmp_path / 'nowhere'}", f"--out={tmp_path / 'f.npy'}"],
         capture_output=True, text=True, timeout=120, cwd=__import__("pathlib").Path(__file__).parents[1],

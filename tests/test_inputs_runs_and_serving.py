@@ -3,9 +3,9 @@ give messages naming the file, flag or input and what was expected, never a raw 
 import json
 import pathlib
 import re
-import subprocess
 import sys
 
+from tests.forked_modules import run_python
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -161,7 +161,7 @@ def test_call_signature_checks_a_known_shape_and_casts_fitting_integers(saved_mo
 def test_saved_model_cli_tool_refuses_a_wrong_dtype_without_a_traceback(saved_model, tmp_path):
     np.save(tmp_path / "features.npy", np.ones((1, 3)))                  # float64
     np.save(tmp_path / "jpeg.npy", np.array([b"\xff\xd8\xff"], dtype=object))
-    proc = subprocess.run(
+    proc = run_python(
         [sys.executable, "-m", "tf_twobranch.tools.saved_model_cli", "run", "--dir", str(saved_model),
          "--tag_set", "serve", "--signature_def", "embed", "--inputs",
          f"image_features={tmp_path / 'features.npy'};image_jpeg={tmp_path / 'jpeg.npy'}",
@@ -202,7 +202,7 @@ def test_draw_tools_name_the_run_kind_and_the_tool_to_use(tmp_path):
 def test_draw_localization_refuses_another_family_without_a_traceback(tmp_path):
     run = tmp_path / "npair"
     _write(run / "results.json", {"task": "npair_localization"})
-    proc = subprocess.run([sys.executable, "-m", "experiments.draw_localization", f"--run_dir={run}",
+    proc = run_python([sys.executable, "-m", "experiments.draw_localization", f"--run_dir={run}",
                            f"--out_dir={tmp_path / 'out'}"], capture_output=True, text=True, cwd=REPO_ROOT,
                           timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr

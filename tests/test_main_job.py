@@ -1,8 +1,8 @@
 """The README's first command (`python -m experiments.retrieval_table`) end to end, at tiny size."""
 import json
-import subprocess
 import sys
 
+from tests.forked_modules import run_python
 import pytest
 
 from experiments import common
@@ -16,7 +16,7 @@ TINY_ROWS = ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=2
 def test_readme_first_command_runs_at_tiny_size(tmp_path):
     dataset = generate_embedded_dataset(tmp_path / "scenes", num_images=120, splits=(60, 20, 40),
                                         with_proposals=False)
-    proc = subprocess.run(
+    proc = run_python(
         [sys.executable, "-m", "experiments.retrieval_table", f"--runs_dir={tmp_path / 'runs'}",
          f"--dataset_dir={dataset}", *TINY_ROWS],
         capture_output=True, text=True, cwd=common.REPO_ROOT, timeout=900)
@@ -40,7 +40,7 @@ def test_readme_first_command_runs_at_tiny_size(tmp_path):
 
 
 def test_help_prints_the_runners_flags_and_runs_nothing():
-    done = subprocess.run([sys.executable, "-m", "experiments.retrieval_table", "--help"],
+    done = run_python([sys.executable, "-m", "experiments.retrieval_table", "--help"],
                           capture_output=True, text=True, timeout=120, cwd=common.REPO_ROOT)
     # absl exits with 1 after printing the usage; the job itself would take ~30 minutes.
     assert done.returncode in (0, 1) and "--table" in done.stdout and "--export_row" in done.stdout

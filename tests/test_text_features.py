@@ -1,4 +1,5 @@
 """Tests for tf_twobranch.features.text_features."""
+from tests.forked_modules import run_python
 import numpy as np
 import pytest
 from scipy.stats import norm
@@ -172,12 +173,11 @@ def test_tfidf_on_real_captions(realdata):
 
 
 def _run_module(module, *args):
-    import subprocess
     import sys
     import pathlib
 
     repo = pathlib.Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=repo, capture_output=True, text=True,
+    return run_python([sys.executable, "-m", module, *args], cwd=repo, capture_output=True, text=True,
                           timeout=120)
 
 

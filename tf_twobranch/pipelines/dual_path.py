@@ -338,6 +338,7 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
     row_name = r.row_name or "instance_loss"
     run_dir = pathlib.Path(r.run_dir) if r.run_dir else table_runner.run_folder(None, flagfile, row_name)
     source, layout, train, evaluation, word_vectors = load_data(r, run_dir)
+    check_num_classes(train, r.num_classes or train.num_classes)   # before any pretraining, not after it
     protocol = resolve_protocol(r, evaluation.num_images, split=f"the {r.eval_split} split")
     # How the evaluation split is made, recorded for load_run, which rebuilds it the same way.
     evaluation_record = record_dual_path_split(
