@@ -321,11 +321,10 @@ def doc_folder(tmp_path_factory):
 def test_serving_docs_run_as_written(doc_folder, monkeypatch):
     blocks = _serving_doc_blocks()
     assert any(b["section"] == "Serving" for b in blocks), "README has no Serving section with code"
-    bin_dir = doc_folder / "_bin"     # `python` in the docs' commands = this interpreter
-    bin_dir.mkdir(exist_ok=True)
-    if not (bin_dir / "python").exists():
-        (bin_dir / "python").symlink_to(sys.executable)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TF_CPP_MIN_LOG_LEVEL": "2",
+    from tests.forked_modules import python_shim
+    # `python` in the docs' commands: this interpreter (its -m / -c commands forked from one process
+    # that has imported TensorFlow, instead of a TensorFlow start each).
+    env = {**os.environ, **python_shim(doc_folder / "_bin"), "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     monkeypatch.chdir(doc_folder)
     namespaces: dict[str, dict] = {}

@@ -1,5 +1,6 @@
 """Row arrays on disk: memory-mapped reads, block writes, sharded caches that resume."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -99,3 +100,30 @@ def test_gather_op_reads_rows_of_a_memmap_and_widens_half(tmp_path):
     ids = np.arange(12, dtype=np.int32).reshape(6, 2)
     out = gather_op(ids, tf.constant([5, 2]))
     assert out.dtype == tf.int32 and out.numpy().tolist() == [[10, 11], [4, 5]]
+
+
+def test_two_processes_filling_the_same_cache_at_once_both_finish(tmp_path):
+    # Two runs on one dataset folder may build the same feature cache side by side: each writes
+    # its own temporary file and renames it into place (the last rename wins; the rows are equal).
+    path = tmp_path / "features.npy"
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    opened, release = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            with R.RowWriter(path, rows.shape) as out:
+                out[:] = rows
+                os.write(opened[1], b"x")
+                os.read(release[0], 1)       # the parent has its own writer open
+            code = 0
+        finally:
+            os._exit(code)
+    os.read(opened[0], 1)
+    with R.RowWriter(path, rows.shape) as out:
+        out[:] = rows
+        os.write(release[1], b"x")
+        _, status = os.waitpid(pid, 0)      # the child renames its file first
+    assert os.waitstatus_to_exitcode(status) == 0
+    np.testing.assert_array_equal(np.load(path), rows)
+    assert [p.name for p in tmp_path.iterdir()] == ["features.npy"]

@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import os
 import pathlib
 import time
 from typing import Mapping
@@ -221,7 +222,7 @@ def image_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, CaptionCor
             _, mask = extract_fragment_features(dict(zip(ids, paths)), proposals, encoder, image_ids=ids,
                                                 detections=spec.detections, out=inputs_path,
                                                 dtype=storage_dtype(spec.feature_dtype))
-            tmp = mask_path.with_name(".tmp_" + mask_path.name)
+            tmp = mask_path.with_name(f".tmp_{os.getpid()}_{mask_path.name}")
             np.save(tmp, mask)
             tmp.rename(mask_path)
             logging.info("image fragments of %s (%d images, %d fragments): %.1f s", split, len(ids),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import time
 from typing import Sequence
@@ -119,7 +120,7 @@ def _proposals_source(layout: DatasetLayout, cache_dir: pathlib.Path, spec: Regi
         logging.info("No proposals file: generating %d proposals for %d images into %s",
                      spec.max_proposals, len(all_ids), generated)
         generated.parent.mkdir(parents=True, exist_ok=True)
-        tmp = generated.with_name(".tmp_" + generated.name)
+        tmp = generated.with_name(f".tmp_{os.getpid()}_{generated.name}")
         generate_proposals_for_images(layout.image_paths(all_ids), tmp,
                                       num_proposals=spec.max_proposals, seed=spec.seed, image_ids=list(all_ids))
         tmp.rename(generated)
@@ -243,7 +244,9 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
         counts = [len(proposals[i]) for i in ids]
         gt_counts = [len(gt[i][1]) if i in gt else 0 for i in ids]
         region_dir.mkdir(parents=True, exist_ok=True)
-        tmp_p, tmp_g = region_dir / f".tmp_{stem}_proposals.npy", region_dir / f".tmp_{stem}_gt.npy"
+        # Per-process names: two runs filling the same cache at once each write their own, then rename.
+        tmp_p = region_dir / f".tmp_{os.getpid()}_{stem}_proposals.npy"
+        tmp_g = region_dir / f".tmp_{os.getpid()}_{stem}_gt.npy"
         prop = np.lib.format.open_memmap(tmp_p, "w+", np.float32, (sum(counts), dim))
         gtf = np.lib.format.open_memmap(tmp_g, "w+", np.float32, (max(1, sum(gt_counts)), dim))
         start, p_at, g_at = time.time(), 0, 0

@@ -810,7 +810,7 @@ def cached_text_encoder(cache_dir: str | os.PathLike, name: str, fingerprint: st
             return encoder
     encoder = fit()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".tmp_" + path.name)
+    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
     encoder.save(tmp)
     os.replace(tmp, path)  # a half-written file is never taken for a fitted encoder
     logger.info("fitted text encoder %s (fingerprint %s) saved to %s", name, fingerprint, path)

@@ -191,7 +191,7 @@ class RowWriter:
     def __init__(self, path: str | os.PathLike, shape: Sequence[int], dtype=np.float32):
         self.path = pathlib.Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.path.with_name(".tmp_" + self.path.name)
+        self._tmp = self.path.with_name(f".tmp_{os.getpid()}_{self.path.name}")
         self.array = np.lib.format.open_memmap(self._tmp, "w+", np.dtype(dtype), tuple(int(s) for s in shape))
 
     def __setitem__(self, index, values):
@@ -290,7 +290,7 @@ class ShardedRowWriter:
         if self._pending_rows:
             self._flush(self._pending_rows)
         manifest = {"shape": [self.rows_done, *self.row_shape], "dtype": self.dtype.name, "shards": self.counts}
-        tmp = self.folder / (".tmp_" + _MANIFEST)
+        tmp = self.folder / f".tmp_{os.getpid()}_{_MANIFEST}"
         tmp.write_text(json.dumps(manifest))
         os.replace(tmp, self.folder / _MANIFEST)
         return ShardedRows(self.folder)
