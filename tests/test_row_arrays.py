@@ -1,6 +1,8 @@
 """Row arrays on disk: memory-mapped reads, block writes, sharded caches that resume."""
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -127,3 +129,18 @@ def test_two_processes_filling_the_same_cache_at_once_both_finish(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0
     np.testing.assert_array_equal(np.load(path), rows)
     assert [p.name for p in tmp_path.iterdir()] == ["features.npy"]
+
+
+def test_a_killed_builds_temporary_file_is_removed_and_a_running_ones_kept(tmp_path):
+    path = tmp_path / "maps.npy"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)                          # a process that has exited
+    left = tmp_path / f".tmp_{dead_pid}_maps.npy"        # what a killed build leaves
+    running = tmp_path / f".tmp_{os.getppid()}_maps.npy"  # a live process's work in progress
+    other = tmp_path / f".tmp_{dead_pid}_other.npy"      # another file's
+    for p in (left, running, other):
+        p.write_bytes(b"partial")
+    with R.RowWriter(path, (2, 2)) as out:
+        out[:] = 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["maps.npy", running.name, other.name])
+    assert R.temp_beside(path) == tmp_path / f".tmp_{os.getpid()}_maps.npy"

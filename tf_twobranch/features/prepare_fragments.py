@@ -27,7 +27,6 @@ import collections
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
 import time
 from typing import Mapping
@@ -39,7 +38,7 @@ from absl import logging
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.embedded_parses import embedded_parses_path
 from tf_twobranch.data.formats.conllu import read_conllu
-from tf_twobranch.data.formats.row_arrays import RowWriter, open_rows, storage_dtype
+from tf_twobranch.data.formats.row_arrays import RowWriter, open_rows, storage_dtype, temp_beside
 from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.sentence_fragments import (FRAGMENT_KINDS, EncodedFragments, caption_trees,
@@ -222,7 +221,7 @@ def image_fragment_inputs(layout: DatasetLayout, splits: Mapping[str, CaptionCor
             _, mask = extract_fragment_features(dict(zip(ids, paths)), proposals, encoder, image_ids=ids,
                                                 detections=spec.detections, out=inputs_path,
                                                 dtype=storage_dtype(spec.feature_dtype))
-            tmp = mask_path.with_name(f".tmp_{os.getpid()}_{mask_path.name}")
+            tmp = temp_beside(mask_path)
             np.save(tmp, mask)
             tmp.rename(mask_path)
             logging.info("image fragments of %s (%d images, %d fragments): %.1f s", split, len(ids),

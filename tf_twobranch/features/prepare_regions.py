@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import time
 from typing import Sequence
@@ -41,6 +40,7 @@ from PIL import Image
 from tf_twobranch.boxes import clip_boxes
 from tf_twobranch.data.formats.images import load_image
 from tf_twobranch.data.formats.proposals import IMAGE_TOLERANCE, fit_proposals_to_images, read_proposals
+from tf_twobranch.data.formats.row_arrays import temp_beside
 from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import SPLITS, DatasetLayout
 from tf_twobranch.data.phrase_localization_data import (build_phrase_localization_data, ground_truth_regions,
@@ -120,7 +120,7 @@ def _proposals_source(layout: DatasetLayout, cache_dir: pathlib.Path, spec: Regi
         logging.info("No proposals file: generating %d proposals for %d images into %s",
                      spec.max_proposals, len(all_ids), generated)
         generated.parent.mkdir(parents=True, exist_ok=True)
-        tmp = generated.with_name(f".tmp_{os.getpid()}_{generated.name}")
+        tmp = temp_beside(generated)
         generate_proposals_for_images(layout.image_paths(all_ids), tmp,
                                       num_proposals=spec.max_proposals, seed=spec.seed, image_ids=list(all_ids))
         tmp.rename(generated)
@@ -244,9 +244,7 @@ def split_region_features(layout: DatasetLayout, split: str, cache_dir, spec: Re
         counts = [len(proposals[i]) for i in ids]
         gt_counts = [len(gt[i][1]) if i in gt else 0 for i in ids]
         region_dir.mkdir(parents=True, exist_ok=True)
-        # Per-process names: two runs filling the same cache at once each write their own, then rename.
-        tmp_p = region_dir / f".tmp_{os.getpid()}_{stem}_proposals.npy"
-        tmp_g = region_dir / f".tmp_{os.getpid()}_{stem}_gt.npy"
+        tmp_p, tmp_g = temp_beside(region_dir / f"{stem}_proposals.npy"), temp_beside(region_dir / f"{stem}_gt.npy")
         prop = np.lib.format.open_memmap(tmp_p, "w+", np.float32, (sum(counts), dim))
         gtf = np.lib.format.open_memmap(tmp_g, "w+", np.float32, (max(1, sum(gt_counts)), dim))
         start, p_at, g_at = time.time(), 0, 0

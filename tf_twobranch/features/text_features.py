@@ -32,6 +32,7 @@ from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, TfidfVectorizer
 from sklearn.mixture import GaussianMixture
 
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.data.formats.row_arrays import temp_beside
 from tf_twobranch.data.formats.word_vectors import WordVectors
 
 logger = logging.getLogger(__name__)
@@ -810,7 +811,7 @@ def cached_text_encoder(cache_dir: str | os.PathLike, name: str, fingerprint: st
             return encoder
     encoder = fit()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
+    tmp = temp_beside(path)
     encoder.save(tmp)
     os.replace(tmp, path)  # a half-written file is never taken for a fitted encoder
     logger.info("fitted text encoder %s (fingerprint %s) saved to %s", name, fingerprint, path)

@@ -179,6 +179,33 @@ def gather_rows(array, indices, dtype=np.float32) -> np.ndarray:
     return np.asarray(rows, dtype=dtype)
 
 
+def temp_beside(path: str | os.PathLike) -> pathlib.Path:
+    """This process's temporary name for `path` (``.tmp_<pid>_<name>``, beside it, same suffix).
+
+    Per process, so that two runs building the same cache at once each write their own file and
+    rename it into place (the last rename wins; the contents are equal). Temporary files of
+    `path` left by a process that no longer runs (a killed build: up to a whole cache's size) are
+    deleted here; those of a live process are its work in progress and are left alone.
+    """
+    path = pathlib.Path(path)
+    prefix, suffix = ".tmp_", f"_{path.name}"
+    for stale in path.parent.glob(f"{prefix}*{suffix}"):
+        pid = stale.name[len(prefix):-len(suffix)]
+        if pid.isdigit() and int(pid) != os.getpid() and not _process_runs(int(pid)):
+            stale.unlink(missing_ok=True)
+    return path.with_name(f"{prefix}{os.getpid()}{suffix}")
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # another user's process
+        return True
+    return True
+
+
 class RowWriter:
     """Writes an (N, ...) array into a ``.npy`` file block by block, renamed into place on `close`.
 
@@ -191,7 +218,7 @@ class RowWriter:
     def __init__(self, path: str | os.PathLike, shape: Sequence[int], dtype=np.float32):
         self.path = pathlib.Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.path.with_name(f".tmp_{os.getpid()}_{self.path.name}")
+        self._tmp = temp_beside(self.path)
         self.array = np.lib.format.open_memmap(self._tmp, "w+", np.dtype(dtype), tuple(int(s) for s in shape))
 
     def __setitem__(self, index, values):
@@ -290,7 +317,7 @@ class ShardedRowWriter:
         if self._pending_rows:
             self._flush(self._pending_rows)
         manifest = {"shape": [self.rows_done, *self.row_shape], "dtype": self.dtype.name, "shards": self.counts}
-        tmp = self.folder / f".tmp_{os.getpid()}_{_MANIFEST}"
+        tmp = temp_beside(self.folder / _MANIFEST)
         tmp.write_text(json.dumps(manifest))
         os.replace(tmp, self.folder / _MANIFEST)
         return ShardedRows(self.folder)
