@@ -272,46 +272,6 @@ def test_doc_blocks_and_skip_markers(tmp_path):
     assert blocks[1]["code"] == "x = 1\n" and [b["lang"] for b in doc_blocks(page, "B")] == ["json"]
 
 
-def shell_commands(code: str) -> list[str]:
-    """A bash block's commands, one string each: a backslash-newline continues a command, a
-    newline inside quotes stays in it, and comment lines are dropped."""
-    commands, current, quote, i = [], "", None, 0
-    while i < len(code):
-        ch = code[i]
-        if quote:
-            current += ch
-            if ch == quote:
-                quote = None
-        elif ch == "\\" and code[i + 1:i + 2] == "\n":
-            current += " "
-            i += 1
-        elif ch in "'\"":
-            quote = ch
-            current += ch
-        elif ch == "#" and not current.strip():
-            i = code.find("\n", i)
-            i = len(code) if i < 0 else i
-            continue
-        elif ch == "\n":
-            if current.strip():
-                commands.append(current.strip())
-            current = ""
-        else:
-            current += ch
-        i += 1
-    if current.strip():
-        commands.append(current.strip())
-    return commands
-
-
-def test_shell_commands_split_as_bash_reads_them():
-    code = ("# a comment\npython -m a.b show --dir x \\\n    --all\nD=runs/x\n"
-            "python -c \"import json\nprint(1)\"  # trailing\n\npython -m t run --input_exprs 'a=[1];b=\"#\"'\n")
-    assert shell_commands(code) == ["python -m a.b show --dir x      --all", "D=runs/x",
-                                    'python -c "import json\nprint(1)"  # trailing',
-                                    "python -m t run --input_exprs 'a=[1];b=\"#\"'"]
-
-
 @pytest.fixture(scope="module")
 def doc_folder(tmp_path_factory):
     from tests.serving_exports import make_doc_folder
@@ -328,7 +288,7 @@ def test_serving_docs_run_as_written(doc_folder, monkeypatch):
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     monkeypatch.chdir(doc_folder)
     namespaces: dict[str, dict] = {}
-    ran, skipped, already_run = [], [], {}
+    ran, skipped = [], []
     for block in blocks:
         where = f"{'README.md' if block['section'] == 'Serving' else 'docs/SERVING.md'}, line {block['line']}"
         if block["skip"] is not None:
@@ -336,16 +296,7 @@ def test_serving_docs_run_as_written(doc_folder, monkeypatch):
             skipped.append((where, block["skip"]))
             continue
         if block["lang"] in ("bash", "sh"):
-            # README's serving section repeats commands of docs/SERVING.md. A `python -m` command
-            # already run with the same text in this folder (whose files only those commands
-            # write, identically) is not run again: each costs a TensorFlow start (~6 s).
-            commands = []
-            for command in shell_commands(block["code"]):
-                if command.startswith("python -m ") and "$" not in command and command in already_run:
-                    continue
-                already_run.setdefault(command, where)
-                commands.append(command)
-            proc = subprocess.run(["bash", "-e", "-c", "\n".join(commands)], cwd=doc_folder, env=env,
+            proc = subprocess.run(["bash", "-e", "-c", block["code"]], cwd=doc_folder, env=env,
                                   capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0, f"{where}:\n{block['code']}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         elif block["lang"] == "python":
