@@ -142,6 +142,7 @@ class _Server:
     def __init__(self):
         self.lock = threading.Lock()
         self.proc = None
+        atexit.register(self.stop)
 
     def address(self) -> str:
         """The socket path of this process's server (started on first use)."""
@@ -160,7 +161,6 @@ class _Server:
                                      env=env)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the forking server did not start (exit code {self.proc.wait()})")
-        atexit.register(self.stop)
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -175,20 +175,14 @@ class _Server:
 _server = _Server()
 
 
-def run_python(argv: Sequence[str], *, cwd=None, env=None, timeout: float = 600, capture_output: bool = True,
-               text: bool = True) -> Completed:
-    """``python -m module args...`` or ``python -c code args...``.
+def run_python(argv: Sequence[str], *, cwd=None, env=None, timeout: float = 600) -> Completed:
+    """``python -m module args...`` or ``python -c code args...`` (`argv`: ``["-m", module, ...]``).
 
-    `argv` may start with the interpreter (``sys.executable``), so that a
-    ``subprocess.run([sys.executable, "-m", ...], capture_output=True, text=True, cwd=..., env=...,
-    timeout=...)`` call reads the same with `run_python` in its place. Returns what that call
-    would; raises `subprocess.TimeoutExpired` after `timeout` seconds (the child is killed).
+    Returns what ``subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=...,
+    env=..., timeout=...)`` would; raises `subprocess.TimeoutExpired` after `timeout` seconds (the
+    child is killed).
     """
-    if not (capture_output and text):
-        raise ValueError("run_python always captures stdout and stderr as text")
     argv = [str(a) for a in argv]
-    if argv and argv[0] == sys.executable:
-        argv = argv[1:]
     if len(argv) < 2 or argv[0] not in ("-m", "-c"):
         raise ValueError(f"expected ['-m', module, ...] or ['-c', code, ...], got {argv[:2]}")
     request = {"kind": argv[0], "target": argv[1], "args": argv[2:],

@@ -1,11 +1,10 @@
 """Experiment entry points: stray positional arguments are refused before any work; output files land where asked."""
 
 import json
-import sys
 
-from tests.forked_modules import run_python
 import pytest
 
+from tests.forked_modules import run_python
 from tests.records import assert_comparable_record
 from experiments import common
 
@@ -31,9 +30,9 @@ def test_stray_positional_arguments_are_refused(module, stray_argument_runs):
 
 
 def test_retrieval_table_passes_row_flags_but_refuses_positionals():
-    proc = run_python([sys.executable, "-m", "experiments.retrieval_table", "--epochs=1",
-                           "stray_arg"], capture_output=True, text=True,
-                          cwd=common.REPO_ROOT, timeout=120)
+    proc = run_python(["-m", "experiments.retrieval_table", "--epochs=1",
+                       "stray_arg"],
+                      cwd=common.REPO_ROOT, timeout=120)
     assert proc.returncode == 2
     assert "unexpected arguments ['stray_arg']" in proc.stderr
 
@@ -48,10 +47,10 @@ def test_sentence_baselines_write_results_into_a_new_folder(tmp_path):
     (tmp_path / "train.txt").write_text("\n".join(ids[:3]) + "\n")
     (tmp_path / "test.txt").write_text("\n".join(ids[3:]) + "\n")
     out = tmp_path / "new" / "folder" / "results.json"
-    done = run_python([sys.executable, "-m", "experiments.sentence_retrieval_baselines",
-                           f"--captions={tmp_path / 'captions.token'}", f"--train_split={tmp_path / 'train.txt'}",
-                           f"--test_split={tmp_path / 'test.txt'}", "--encoders=tfidf", f"--out_json={out}"],
-                          capture_output=True, text=True, timeout=300, cwd=common.REPO_ROOT)
+    done = run_python(["-m", "experiments.sentence_retrieval_baselines",
+                       f"--captions={tmp_path / 'captions.token'}", f"--train_split={tmp_path / 'train.txt'}",
+                       f"--test_split={tmp_path / 'test.txt'}", "--encoders=tfidf", f"--out_json={out}"],
+                      timeout=300, cwd=common.REPO_ROOT)
     assert done.returncode == 0, done.stderr[-1500:]
     assert "tfidf" in json.loads(out.read_text())["results"]
     assert_comparable_record(json.loads(out.read_text()))

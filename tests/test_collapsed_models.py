@@ -8,13 +8,12 @@ model on random inputs must stay within noise of chance.
 """
 import json
 import math
-import sys
 
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 
 from tests.baselines import randomize_weights
+from tests.forked_modules import run_python
 
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
@@ -216,11 +215,11 @@ def test_cli_with_all_zero_test_features_reports_at_most_chance(tiny_dataset, tm
         np.save(tmp_path / f"{name}.npy", array.astype(np.float32))
     run_dir = tmp_path / "run"
     proc = run_python(
-        [sys.executable, "-m", "experiments.image_sentence_retrieval",
+        ["-m", "experiments.image_sentence_retrieval",
          f"--flagfile={common.REPO_ROOT / 'experiments/configs/table2_b4_nonlinear_bidir.cfg'}",
          f"--dataset_dir={tiny_dataset}", f"--run_dir={run_dir}", *TINY_FLAGS,
          *[f"--{name}={tmp_path / (name + '.npy')}" for name in files]],
-        capture_output=True, text=True, cwd=common.REPO_ROOT, timeout=300)
+        cwd=common.REPO_ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     record = json.loads((run_dir / "results.json").read_text())
     assert record["num_test_images"] == test.num_images

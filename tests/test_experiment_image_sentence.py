@@ -1,10 +1,9 @@
 """End-to-end: the image-sentence experiment on a tiny embedded dataset."""
 import json
-import sys
 
-from tests.forked_modules import run_python
 import pytest
 
+from tests.forked_modules import run_python
 from tests.records import assert_comparable_record
 from experiments import common
 from experiments import image_sentence_retrieval as isr
@@ -109,9 +108,9 @@ def test_every_shipped_flagfile_parses():
 
 
 def test_command_line_error_has_no_traceback(tmp_path):
-    proc = run_python([sys.executable, "-m", "experiments.image_sentence_retrieval",
-                           f"--dataset_dir={tmp_path / 'missing'}"],
-                          capture_output=True, text=True, cwd=common.REPO_ROOT)
+    proc = run_python(["-m", "experiments.image_sentence_retrieval",
+                       f"--dataset_dir={tmp_path / 'missing'}"],
+                      cwd=common.REPO_ROOT)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "missing" in proc.stderr and "does not exist" in proc.stderr

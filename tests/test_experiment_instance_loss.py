@@ -2,11 +2,11 @@
 import json
 import pathlib
 
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 from absl import flags
 
+from tests.forked_modules import run_python
 from tests.records import assert_comparable_record
 from experiments import common
 from experiments import instance_loss as exp
@@ -84,12 +84,11 @@ def test_missing_dataset_dir_is_reported_before_word_vectors_and_weights(tmp_pat
 
 
 def test_missing_dataset_dir_command_line_error():
-    import sys
 
     result = run_python(
-        [sys.executable, "-m", "experiments.instance_loss", "--dataset_dir=/nonexistent",
+        ["-m", "experiments.instance_loss", "--dataset_dir=/nonexistent",
          "--word_vectors=/also/missing.bin"],
-        cwd=common.REPO_ROOT, capture_output=True, text=True, timeout=300)
+        cwd=common.REPO_ROOT, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "error: --dataset_dir=/nonexistent: dataset folder does not exist" in result.stderr
     assert "Traceback" not in result.stderr

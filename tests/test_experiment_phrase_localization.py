@@ -1,9 +1,9 @@
 """End-to-end: the phrase-localization experiment (Table 1) and the combined model (Table 5)."""
 import json
 
-from tests.forked_modules import run_python
 import pytest
 
+from tests.forked_modules import run_python
 from tests.records import assert_comparable_record
 from experiments import combined_retrieval as cr
 from experiments import common
@@ -73,20 +73,19 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
         assert config["image_neighbour_weight"] == 0.1
         # Fig. 2 from the fresh run with --run_dir alone: the run recorded its backbone,
         # phrase encoder and dataset.
-        import sys
         out = tmp_path / "pictures"
-        done = run_python([sys.executable, "-m", "experiments.draw_localization",
-                               f"--run_dir={tmp_path / 'run'}", f"--out_dir={out}", "--num_images=2"],
-                              capture_output=True, text=True, cwd=common.REPO_ROOT)
+        done = run_python(["-m", "experiments.draw_localization",
+                           f"--run_dir={tmp_path / 'run'}", f"--out_dir={out}", "--num_images=2"],
+                          cwd=common.REPO_ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
         pictures = sorted(out.glob("*.png"))
         assert len(pictures) == 2 and all(p.stat().st_size > 1000 for p in pictures)
         # ... and from the run's own export, which the README's Fig. 2 command names.
         out = tmp_path / "pictures_from_export"
-        done = run_python([sys.executable, "-m", "experiments.draw_localization",
-                               f"--saved_model={tmp_path / 'run' / 'export'}", f"--out_dir={out}",
-                               "--num_images=2"],
-                              capture_output=True, text=True, cwd=common.REPO_ROOT)
+        done = run_python(["-m", "experiments.draw_localization",
+                           f"--saved_model={tmp_path / 'run' / 'export'}", f"--out_dir={out}",
+                           "--num_images=2"],
+                          cwd=common.REPO_ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
         assert len(sorted(out.glob("*.png"))) == 2
         from tf_twobranch.errors import UserInputError

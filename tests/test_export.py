@@ -47,7 +47,7 @@ def _jpeg(seed, height=20, width=16):
     return out.getvalue()
 
 
-def _run_concurrently(commands):
+def _run_commands(commands):
     """Runs the CLI commands (``python -m module args``) with one TensorFlow start-up for all of them."""
     from tests.forked_modules import run_modules
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
@@ -277,7 +277,7 @@ def test_saved_model_cli_show_and_run(feature_export, raw_input_export, lstm_exp
         command = [*cli, "run", "--dir", str(directory), "--tag_set", "serve", "--signature_def", signature, *args]
         return command + (["--outdir", str(outdir)] if outdir else [])
 
-    results = _run_concurrently([
+    results = _run_commands([
         [*SAVED_MODEL_CLI, "show", "--dir", str(raw_dir), "--all"],
         run(SAVED_MODEL_CLI, feature_dir, "embed_images", "--input_exprs",
             f"image_features={features.tolist()}", outdir=tmp_path / "features"),

@@ -3,13 +3,12 @@ clear errors, warm-up, saved_model_cli."""
 import json
 import os
 import pathlib
-import sys
 
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.forked_modules import run_python
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export.fragment_embedding import FragmentServingModule, export_fragment_model
 from tf_twobranch.export.serving import read_warmup_requests
@@ -185,11 +184,11 @@ def test_saved_model_cli_run_score(exported, tmp_path):
         np.save(tmp_path / f"{name}.npy", value)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "run", "--dir", str(export_dir),
+    command = ["-m", "tensorflow.python.tools.saved_model_cli", "run", "--dir", str(export_dir),
                "--tag_set", "serve", "--signature_def", "score",
                "--inputs", ";".join(f"{name}={tmp_path / f'{name}.npy'}" for name in r),
                "--outdir", str(tmp_path / "out")]
-    proc = run_python(command, capture_output=True, text=True, env=env, timeout=300)
+    proc = run_python(command, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "out" / "scores.npy"), _keras_outputs(model, r)[2], atol=1e-5)
 

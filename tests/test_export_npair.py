@@ -4,15 +4,14 @@ import io
 import json
 import os
 import pathlib
-import sys
 
 import keras
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
+from tests.forked_modules import run_python
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation.pointing_game import heat_map_maximum
@@ -27,7 +26,7 @@ from tf_twobranch.models.npair_localization import NPairLocalizationConfig, buil
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 IA = tf.errors.InvalidArgumentError
 # saved_model_cli with the tensorflow-text ops registered (the captions are tokenized in the graph).
-SAVED_MODEL_CLI_TEXT = [sys.executable, "-m", "tf_twobranch.tools.saved_model_cli"]
+SAVED_MODEL_CLI_TEXT = ["-m", "tf_twobranch.tools.saved_model_cli"]   # run_python's argv
 SIZE = 32
 VOCABULARY = ["<pad>", "<unk>", "<start>", "<end>", "dog", "cat", "red", "ball", "runs", "park", "a", "the"]
 MAX_WORDS = 5
@@ -196,7 +195,7 @@ def test_saved_model_cli_run(exported, tmp_path):
     command = [*SAVED_MODEL_CLI_TEXT, "run", "--dir", str(export_dir), "--tag_set", "serve",
                "--signature_def", "localize", "--inputs", f"image_jpeg={tmp_path / 'jpegs.npy'}",
                "--input_exprs", f"caption={CAPTIONS[:2]}", "--outdir", str(tmp_path / "out")]
-    proc = run_python(command, capture_output=True, text=True, env=env, timeout=300)
+    proc = run_python(command, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = _keras_outputs(model, jpegs, CAPTIONS[:2])
     np.testing.assert_allclose(np.load(tmp_path / "out" / "score.npy"), want["score"], atol=1e-4)

@@ -4,15 +4,14 @@ import json
 import os
 import pathlib
 import shutil
-import sys
 
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (tokenizer ops of the exports' text encoders)
 from absl import flags
 
+from tests.forked_modules import run_python
 from experiments import common
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.errors import UserInputError
@@ -277,8 +276,8 @@ def test_bad_inputs_name_the_file_and_what_was_expected(runs, tmp_path):
 def test_a_missing_run_folder_exits_2_without_traceback(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = run_python([sys.executable, "-m", "tf_twobranch.tools.export_run", f"--run_dir={tmp_path / 'nope'}",
-                           f"--export_dir={tmp_path / 'out'}"], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_python(["-m", "tf_twobranch.tools.export_run", f"--run_dir={tmp_path / 'nope'}",
+                       f"--export_dir={tmp_path / 'out'}"], env=env, timeout=300)
     assert proc.returncode == 2
     assert f"error: {tmp_path / 'nope'}: run folder does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr

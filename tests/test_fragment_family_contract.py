@@ -2,13 +2,12 @@
 import ast
 import json
 import pathlib
-import sys
 
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 from absl import flags
 
+from tests.forked_modules import run_python
 from experiments import common
 from experiments import fragment_embeddings as fe
 from tf_twobranch.data.embedded import generate_embedded_dataset
@@ -114,5 +113,5 @@ def test_load_run_needs_no_experiment_module(tiny_rows):
         "np.testing.assert_allclose([got[k] for k in want], list(want.values()), rtol=1e-6, atol=1e-6)\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'experiments'], 'experiments imported'\n"
         "print('ok')\n")
-    proc = run_python([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    proc = run_python(["-c", code], cwd=REPO_ROOT, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -1,10 +1,10 @@
 """Tests for image/region feature extraction and the scene CNN."""
 import keras
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 from PIL import Image
 
+from tests.forked_modules import run_python
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features import backbones, image_features, images, scene_cnn
 
@@ -269,12 +269,11 @@ def test_cli_writes_features_in_split_order(tmp_path):
 
 
 def test_cli_user_error_is_one_line(tmp_path):
-    import sys
 
     result = run_python(
-        [sys.executable, "-m", "tf_twobranch.tools.extract_image_features",
+        ["-m", "tf_twobranch.tools.extract_image_features",
          f"--images_dir={tmp_path / 'nowhere'}", f"--out={tmp_path / 'f.npy'}"],
-        capture_output=True, text=True, timeout=120, cwd=__import__("pathlib").Path(__file__).parents[1],
+        timeout=120, cwd=__import__("pathlib").Path(__file__).parents[1],
         env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.returncode == 2
     assert "error:" in result.stderr and "nowhere" in result.stderr and "does not exist" in result.stderr

@@ -3,13 +3,12 @@ give messages naming the file, flag or input and what was expected, never a raw 
 import json
 import pathlib
 import re
-import sys
 
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.forked_modules import run_python
 from experiments import common
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
@@ -162,10 +161,10 @@ def test_saved_model_cli_tool_refuses_a_wrong_dtype_without_a_traceback(saved_mo
     np.save(tmp_path / "features.npy", np.ones((1, 3)))                  # float64
     np.save(tmp_path / "jpeg.npy", np.array([b"\xff\xd8\xff"], dtype=object))
     proc = run_python(
-        [sys.executable, "-m", "tf_twobranch.tools.saved_model_cli", "run", "--dir", str(saved_model),
+        ["-m", "tf_twobranch.tools.saved_model_cli", "run", "--dir", str(saved_model),
          "--tag_set", "serve", "--signature_def", "embed", "--inputs",
          f"image_features={tmp_path / 'features.npy'};image_jpeg={tmp_path / 'jpeg.npy'}",
-         "--outdir", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+         "--outdir", str(tmp_path / "out")], cwd=REPO_ROOT, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "input 'image_features': expected float32, got a float64 array" in proc.stderr
@@ -202,9 +201,9 @@ def test_draw_tools_name_the_run_kind_and_the_tool_to_use(tmp_path):
 def test_draw_localization_refuses_another_family_without_a_traceback(tmp_path):
     run = tmp_path / "npair"
     _write(run / "results.json", {"task": "npair_localization"})
-    proc = run_python([sys.executable, "-m", "experiments.draw_localization", f"--run_dir={run}",
-                           f"--out_dir={tmp_path / 'out'}"], capture_output=True, text=True, cwd=REPO_ROOT,
-                          timeout=300)
+    proc = run_python(["-m", "experiments.draw_localization", f"--run_dir={run}",
+                       f"--out_dir={tmp_path / 'out'}"], cwd=REPO_ROOT,
+                      timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "an N-pair localization run" in proc.stderr and "experiments.draw_heat_maps" in proc.stderr
 

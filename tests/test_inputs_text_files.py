@@ -7,12 +7,11 @@ whose header disagrees with their records and misnamed settings are one
 """
 import codecs
 import pathlib
-import sys
 
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 
+from tests.forked_modules import run_python
 from tf_twobranch.data.formats.word_vectors import WordVectors, load_word_vectors, save_word_vectors
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
@@ -198,8 +197,8 @@ def test_flag_errors_name_the_flagfile_line_where_the_flag_was_written(tmp_path)
 def _run_experiment(module, *args):
     from experiments import common
 
-    return run_python([sys.executable, "-m", f"experiments.{module}", *args], capture_output=True,
-                          text=True, cwd=common.REPO_ROOT, timeout=180)
+    return run_python(["-m", f"experiments.{module}", *args],
+                      cwd=common.REPO_ROOT, timeout=180)
 
 
 def _error_line(proc):
@@ -296,7 +295,7 @@ def test_tool_reads_a_flagfile_with_a_bom(tmp_path):
     # as flags, none as a positional argument starting with the byte-order mark.
     tool_flags = _flagfile_fixture(tmp_path, "tool.cfg", ["# comment", f"--out_dir={tmp_path}"],
                                    bom=True, newline="\r\n")
-    proc = run_python([sys.executable, "-m", "tf_twobranch.tools.extract_text_features",
-                           f"--flagfile={tool_flags}", "stray_arg"], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).resolve().parents[1], timeout=180)
+    proc = run_python(["-m", "tf_twobranch.tools.extract_text_features",
+                       f"--flagfile={tool_flags}", "stray_arg"],
+                      cwd=pathlib.Path(__file__).resolve().parents[1], timeout=180)
     assert _error_line(proc) == "error: unexpected arguments ['stray_arg']"

@@ -1,10 +1,9 @@
 """The README's first command (`python -m experiments.retrieval_table`) end to end, at tiny size."""
 import json
-import sys
 
-from tests.forked_modules import run_python
 import pytest
 
+from tests.forked_modules import run_python
 from experiments import common
 from tf_twobranch.data.embedded import generate_embedded_dataset
 
@@ -17,9 +16,9 @@ def test_readme_first_command_runs_at_tiny_size(tmp_path):
     dataset = generate_embedded_dataset(tmp_path / "scenes", num_images=120, splits=(60, 20, 40),
                                         with_proposals=False)
     proc = run_python(
-        [sys.executable, "-m", "experiments.retrieval_table", f"--runs_dir={tmp_path / 'runs'}",
+        ["-m", "experiments.retrieval_table", f"--runs_dir={tmp_path / 'runs'}",
          f"--dataset_dir={dataset}", *TINY_ROWS],
-        capture_output=True, text=True, cwd=common.REPO_ROOT, timeout=900)
+        cwd=common.REPO_ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     assert "estimated time" in out.lower()
@@ -40,8 +39,8 @@ def test_readme_first_command_runs_at_tiny_size(tmp_path):
 
 
 def test_help_prints_the_runners_flags_and_runs_nothing():
-    done = run_python([sys.executable, "-m", "experiments.retrieval_table", "--help"],
-                          capture_output=True, text=True, timeout=120, cwd=common.REPO_ROOT)
+    done = run_python(["-m", "experiments.retrieval_table", "--help"],
+                      timeout=120, cwd=common.REPO_ROOT)
     # absl exits with 1 after printing the usage; the job itself would take ~30 minutes.
     assert done.returncode in (0, 1) and "--table" in done.stdout and "--export_row" in done.stdout
     assert "Table 2" not in done.stderr

@@ -3,13 +3,12 @@ import ast
 import dataclasses
 import json
 import pathlib
-import sys
 
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 from absl import flags
 
+from tests.forked_modules import run_python
 from experiments import common
 from experiments import npair_localization as exp
 from tf_twobranch.data.embedded import generate_embedded_dataset
@@ -114,7 +113,7 @@ metrics = run.model.evaluate(run.evaluation_split())
 assert not [m for m in sys.modules if m == "experiments" or m.startswith("experiments.")]
 print(json.dumps(metrics))
 """
-    proc = run_python([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    proc = run_python(["-c", code], cwd=REPO_ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     _check_metrics(got, json.loads((run_dir / "results.json").read_text())["metrics"])

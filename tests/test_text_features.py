@@ -1,9 +1,9 @@
 """Tests for tf_twobranch.features.text_features."""
-from tests.forked_modules import run_python
 import numpy as np
 import pytest
 from scipy.stats import norm
 
+from tests.forked_modules import run_python
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features.text_features import (FisherVectorEncoder, MeanWordVectorEncoder, TfidfEncoder,
                                                  build_text_encoder, fisher_vectors, fit_hglmm,
@@ -173,12 +173,11 @@ def test_tfidf_on_real_captions(realdata):
 
 
 def _run_module(module, *args):
-    import sys
     import pathlib
 
     repo = pathlib.Path(__file__).resolve().parents[1]
-    return run_python([sys.executable, "-m", module, *args], cwd=repo, capture_output=True, text=True,
-                          timeout=120)
+    return run_python(["-m", module, *args], cwd=repo,
+                      timeout=120)
 
 
 def test_extract_text_features_cli(tmp_path):
