@@ -60,6 +60,7 @@ from tf_twobranch.data.formats.flickr30k_entities import (EntitySentence, ImageA
                                                           write_annotation_file, write_sentence_file)
 from tf_twobranch.data.formats.flickr30k_tokens import write_token_file
 from tf_twobranch.data.formats.karpathy_json import write_karpathy_json
+from tf_twobranch.data.formats.row_arrays import temp_beside
 from tf_twobranch.data.formats.splits import write_split_file
 from tf_twobranch.errors import ConfigError
 
@@ -219,12 +220,12 @@ def _add_proposals(out_dir: pathlib.Path, manifest: dict, parameters: dict) -> d
 
     started = time.perf_counter()
     image_ids = _image_ids(parameters["num_images"], parameters["seed"])
-    tmp = out_dir / f".tmp_{os.getpid()}_{PROPOSALS_FILE_NAME}"
+    tmp = temp_beside(out_dir / PROPOSALS_FILE_NAME)
     generate_proposals_for_images([str(out_dir / "images" / f"{i}.jpg") for i in image_ids], str(tmp),
                                   num_proposals=parameters["num_proposals"], seed=parameters["seed"])
     tmp.replace(out_dir / PROPOSALS_FILE_NAME)
     manifest = {**manifest, "parameters": parameters}
-    tmp_manifest = out_dir / f".tmp_{os.getpid()}_{MANIFEST_NAME}"
+    tmp_manifest = temp_beside(out_dir / MANIFEST_NAME)
     tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tmp_manifest.replace(out_dir / MANIFEST_NAME)
     return {"proposals": time.perf_counter() - started}

@@ -23,6 +23,7 @@ import pathlib
 from tf_twobranch.data.formats import read_token_file
 from tf_twobranch.data.formats.conllu import DependencyTree, write_conllu
 from tf_twobranch.data.formats.flickr30k_entities import read_sentence_file
+from tf_twobranch.data.formats.row_arrays import temp_beside
 from tf_twobranch.errors import DataFormatError
 
 __all__ = ["PARSES_NAME", "parse_caption", "write_embedded_parses", "embedded_parses_path"]
@@ -296,7 +297,7 @@ def write_embedded_parses(dataset_dir: str | os.PathLike, captions=None) -> path
                                  [(p.first_word_index, len(p.text.split())) for p in sentence.phrases]))
     trees = [parse_caption(words, phrases, sent_id) for sent_id, words, phrases in captions]
     path = root / PARSES_NAME
-    tmp = root / f".tmp_{os.getpid()}_{PARSES_NAME}"
+    tmp = temp_beside(path)
     write_conllu(tmp, trees)
     tmp.replace(path)
     return path

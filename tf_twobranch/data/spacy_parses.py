@@ -25,6 +25,7 @@ import pathlib
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from tf_twobranch.data.formats.conllu import DependencyTree, caption_key, write_conllu
+from tf_twobranch.data.formats.row_arrays import temp_beside
 from tf_twobranch.errors import ConfigError, UserInputError
 
 if TYPE_CHECKING:  # spaCy is optional: annotations only.
@@ -179,7 +180,7 @@ def write_caption_parses(path: str | os.PathLike,
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
+    tmp = temp_beside(path)
     try:
         write_conllu(tmp, trees)
         tmp.replace(path)

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tf_twobranch.data.formats.row_arrays import temp_beside
 from tf_twobranch.errors import UserInputError
 
 __all__ = ["RankedSentence", "best_image_fragments", "triplet_label", "draw_fragment_alignment",
@@ -112,7 +113,7 @@ def _score_text(score: float) -> str:
 def _write_png_atomically(fig, out_path: pathlib.Path) -> pathlib.Path:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     # A reader (or an interrupted run) never sees half a PNG: written whole beside it, then renamed.
-    tmp = out_path.with_name(f".tmp_{os.getpid()}_{out_path.name}")
+    tmp = temp_beside(out_path)
     try:
         fig.savefig(tmp, format="png", dpi=_DPI)
         os.replace(tmp, out_path)

@@ -34,6 +34,7 @@ from absl import logging
 from PIL import Image
 
 from tf_twobranch.data.formats.images import image_file_shape, load_image
+from tf_twobranch.data.formats.row_arrays import temp_beside
 from tf_twobranch.data.phrases import build_phrase_examples
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
@@ -408,7 +409,7 @@ def save_scene_cnn(model: keras.Model, path: str | os.PathLike) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written whole, then renamed: a concurrent reader (another test worker or
     # run sharing the cache) never sees a partial file.
-    tmp = path.with_name(f".tmp_{os.getpid()}_{path.name}")
+    tmp = temp_beside(path)
     model.save(tmp)
     os.replace(tmp, path)
 
