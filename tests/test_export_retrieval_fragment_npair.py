@@ -158,8 +158,15 @@ def test_fragment_retrieval_refuses_bad_requests(fragment_export):
     outside["boxes"][2, 0] = [0, 0, 500, 10]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"a box is empty or outside its image.*\[2 0\]"):
         serving.call_signature(loaded, "retrieve_captions", **outside, k=np.int32(1))
-    # export_fragment_model replayed the file on the reloaded SavedModel (as TF Serving does); it holds these:
-    assert {"retrieve_captions", "retrieve_images"} <= {name for name, _ in serving.read_warmup_requests(path)}
+    _replay_warmup_on(loaded, path)
+
+
+def _replay_warmup_on(loaded, path):
+    """What TF Serving does on load: every warm-up request, the retrieval ones included, runs."""
+    requests = serving.read_warmup_requests(path)
+    assert {"retrieve_captions", "retrieve_images"} <= {name for name, _ in requests}
+    for name, inputs in requests:
+        serving.call_signature(loaded, name, **inputs)
 
 
 # ------------------------------------------------------------------ N-pair localization
@@ -212,7 +219,7 @@ def test_npair_retrieve_is_the_core_ranking(tmp_path, aggregator, normalisation)
     np.testing.assert_allclose(out["scores"].numpy(), -np.sort(-core, axis=1)[:, :2], rtol=1e-4, atol=1e-5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="k must lie in 1..caption gallery size"):
         serving.call_signature(loaded, "retrieve_captions", image_jpeg=jpegs[:1], k=np.int32(0))
-    assert {"retrieve_captions", "retrieve_images"} <= {name for name, _ in serving.read_warmup_requests(path)}
+    _replay_warmup_on(loaded, path)
 
 
 def test_galleries_are_checked():

@@ -683,8 +683,8 @@ def export_fragment_model(model: FragmentEmbeddingModel, export_dir, *, relation
         signatures added.
       model_name: ``model_spec.name`` in the warm-up requests.
 
-    The warm-up requests are run before saving and replayed on the reloaded
-    SavedModel afterwards; a failure of either raises.
+    The warm-up requests are run through the signatures before saving (a
+    failure raises), as for every family (`save_module_atomically`).
 
     Raises:
       ConfigError: `relations` or `words` do not fit the model (count,
@@ -708,7 +708,4 @@ def export_fragment_model(model: FragmentEmbeddingModel, export_dir, *, relation
     if gallery is not None:
         config["fragment_export"].update(gallery_images=len(gallery.image_ids),
                                          gallery_captions=len(gallery.caption_ids))
-    path = save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
-    # What TF Serving will do on load: replay the warm-up file on the written model.
-    serving.replay_warmup_file(path)
-    return path
+    return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)

@@ -322,8 +322,8 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
       overwrite: replace an existing `export_dir`.
       model_name: ``model_spec.name`` in the warm-up requests.
 
-    The warm-up requests are run before saving and replayed on the reloaded
-    SavedModel afterwards (what TF Serving does on load); a failure of either raises.
+    The warm-up requests are run through the signatures before saving (a
+    failure raises), as for every family (`save_module_atomically`).
 
     Returns:
       The export directory.
@@ -347,6 +347,4 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
         "signatures": sorted(module.signatures())}
     if gallery is not None:
         config["npair_export"].update(gallery_images=len(gallery.image_ids), gallery_captions=len(gallery.caption_ids))
-    path = save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
-    serving.replay_warmup_file(path)
-    return path
+    return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
