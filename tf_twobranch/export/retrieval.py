@@ -191,7 +191,7 @@ def _query_rows(side) -> tf.Tensor:
 def add_retrieval_signatures(module: tf.Module, gallery: RetrievalGallery, *,
                              image_spec, text_spec, embed_image: Callable, embed_text: Callable,
                              pair_scores: Callable, block_rows: int | None = None,
-                             autograph: bool = True) -> None:
+                             autograph: bool = False) -> None:
     """Gives `module` the ``retrieve_captions`` / ``retrieve_images`` tf.functions.
 
     `image_spec` / `text_spec`: the query input spec, or a list of them (e.g.
@@ -200,9 +200,10 @@ def add_retrieval_signatures(module: tf.Module, gallery: RetrievalGallery, *,
     embeddings, or ``(embeddings, mask)`` where the gallery side has a mask;
     `pair_scores(images, texts)` → (num_images, num_texts) scores, higher =
     better, as the evaluation core scores them. `block_rows`: score the
-    gallery that many items at a time (None: all at once). `autograph`: False
-    where the tower functions have no tensor-dependent Python control flow
-    (tracing is paid twice, for the warm-up and the save).
+    gallery that many items at a time (None: all at once). `autograph`: True
+    only for tower functions with tensor-dependent Python control flow (none
+    of the package's exports has any); AutoGraph's conversion of every
+    function a trace calls, Keras' included, is most of an export's time.
     """
     if block_rows is not None and int(block_rows) < 1:
         raise ConfigError(f"block_rows must be positive, got {block_rows}")
