@@ -75,6 +75,18 @@ def test_extract_image_features_reports_bad_files(tmp_path):
         image_features.extract_image_features([tmp_path / "nothere.jpg"], toy_backbone())
 
 
+def test_batches_prepared_ahead_give_the_same_features_and_name_a_bad_file(tmp_path):
+    """The next batch's views are decoded while the backbone runs on this one."""
+    paths = write_jpegs(tmp_path)
+    backbone = toy_backbone(16)
+    one_at_a_time = image_features.extract_image_features(paths, backbone, batch_size=1)
+    np.testing.assert_allclose(image_features.extract_image_features(paths, backbone, batch_size=2),
+                               one_at_a_time, rtol=1e-6, atol=1e-6)
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8 broken")
+    with pytest.raises(DataFormatError, match="broken.jpg"):
+        image_features.extract_image_features(paths + [tmp_path / "broken.jpg"], backbone, batch_size=1)
+
+
 def test_region_features_equal_features_of_the_cropped_image():
     keras.utils.set_random_seed(0)
     backbone = backbones.build_backbone("resnet50", input_size=32)

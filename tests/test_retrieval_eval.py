@@ -120,6 +120,29 @@ def test_chunked_ranks_match_naive(chunk, ties):
     np.testing.assert_array_equal(blocks_t2i, n_t2i)
 
 
+def test_score_windows_fit_a_scorers_call_width():
+    """A scorer scoring `columns_per_call` captions at a time gets windows of whole calls."""
+    assert R.score_window(5000, 2048) == 2048
+    assert R.score_window(5000, 2048, 262) == 7 * 262      # 3 windows of 7 calls: 21 calls, not 24
+    assert R.score_window(100, 2048, 262) == 100
+    assert R.score_window(5000, 100, 262) == 262
+    rng = np.random.default_rng(5)
+    cap_img = rng.permutation(np.repeat(np.arange(40), 5))
+    scores = rng.normal(size=(40, 200)).astype(np.float32)
+    scores[:, 7] = scores[:, 3]                            # ties across windows
+    widths = []
+
+    def score_fn(start, stop):
+        widths.append(stop - start)
+        return scores[:, start:stop]
+
+    i2t, t2i = R.ranks_from_score_fn(score_fn, 40, cap_img, chunk_size=64, columns_per_call=7)
+    n_i2t, n_t2i = _naive_ranks(scores, cap_img)
+    np.testing.assert_array_equal(i2t, n_i2t)
+    np.testing.assert_array_equal(t2i, n_t2i)
+    assert set(widths) == {56} and len(widths) == 4        # 29 calls of 7 cover 200 captions: 4 x 8
+
+
 @pytest.mark.parametrize("keep_bytes", [0, 1 << 30])
 def test_one_pass_ranks_with_and_without_kept_blocks(keep_bytes):
     """Both directions from one pass: kept blocks or scored again, shuffled captions, an image

@@ -288,14 +288,35 @@ def ranks_from_embeddings(image_embeds, text_embeds, caption_image, *,
     return np.where(has_caption, image_counts + 1, 0), text_counts + 1
 
 
+def score_window(num_captions: int, chunk_size: int = DEFAULT_CHUNK,
+                 columns_per_call: int | None = None) -> int:
+    """Captions per `score_fn` call of `ranks_from_score_fn`: `chunk_size` (all captions when fewer).
+
+    A scorer that scores `columns_per_call` captions at a time, padding its
+    last call (the similarity head), gets a multiple of that width instead,
+    as small as the same number of windows allows: the windows then cover
+    the captions with the fewest of its calls. Otherwise the overlap of the
+    last window is scored twice (5,000 captions in windows of 2,048 at 262
+    per call: 24 calls where 21 do).
+    """
+    window = max(1, min(int(chunk_size), num_captions))
+    if not columns_per_call or num_captions < 1:
+        return window
+    columns_per_call = int(columns_per_call)
+    calls = -(-num_captions // columns_per_call)
+    windows = -(-num_captions // window)
+    return max(1, min(num_captions, columns_per_call * -(-calls // windows)))
+
+
 def ranks_from_score_fn(score_fn: Callable[[int, int], np.ndarray], num_images: int,
-                        caption_image, *, chunk_size: int = DEFAULT_CHUNK
-                        ) -> tuple[np.ndarray, np.ndarray]:
+                        caption_image, *, chunk_size: int = DEFAULT_CHUNK,
+                        columns_per_call: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Ranks for any scorer that returns (num_images, stop-start) score blocks.
 
     `score_fn(start, stop)` scores every image against captions start..stop-1
-    (higher is better); it is always called with `chunk_size` captions (the
-    last window overlaps). A caption's positive and negatives sit in one block.
+    (higher is better); it is always called with the same number of captions,
+    `score_window(num_captions, chunk_size, columns_per_call)` (the last
+    window overlaps). A caption's positive and negatives sit in one block.
     An image's best positive is read from the blocks of its captions; the
     blocks are kept for the image-side count when they fit in 1 GiB,
     otherwise scored again (and checked to reproduce the positives: a scorer
@@ -311,7 +332,7 @@ def ranks_from_score_fn(score_fn: Callable[[int, int], np.ndarray], num_images: 
     kept, spans = [], []
     flat = True
 
-    chunk_size = max(1, min(chunk_size, num_captions))
+    chunk_size = score_window(num_captions, chunk_size, columns_per_call)
 
     def block_for(start, stop):
         # Every call asks for chunk_size captions (the last window overlaps
@@ -548,8 +569,9 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
     def metrics(images, texts, groups):
         if score_fn_factory is None:
             return retrieval_metrics(images, texts, groups, ks=ks, chunk_size=chunk_size)
-        i2t, t2i = ranks_from_score_fn(score_fn_factory(images, texts), len(images), groups,
-                                       chunk_size=chunk_size)
+        score_fn = score_fn_factory(images, texts)
+        i2t, t2i = ranks_from_score_fn(score_fn, len(images), groups, chunk_size=chunk_size,
+                                       columns_per_call=getattr(score_fn, "columns_per_call", None))
         return retrieval_metrics_from_ranks(i2t, t2i, ks)
 
     if spec.first_caption_only:

@@ -316,6 +316,8 @@ class TwoBranchModel(keras.Model):
                     texts = np.concatenate([texts, np.zeros((cols - width, texts.shape[1]), texts.dtype)])
                 blocks.append(head_scores(images_t, tf.constant(texts)).numpy()[:, :width])
             return np.concatenate(blocks, axis=1)
+        # The evaluation core sizes its caption windows by this (`retrieval.score_window`).
+        score.columns_per_call = cols
         return score
 
     def evaluate(self, x=None, y=None, *, protocol: str | None = None, batch_size: int = 1024,
