@@ -61,15 +61,15 @@ class DualPathServingModule(TowerServingModule):
         image_spec = serving.jpeg_batch_spec("image_jpeg", static_shape=True)
         text_spec = serving.string_batch_spec("captions", static_shape=True)
 
-        @tf.function(input_signature=[image_spec], autograph=False)
+        @serving.signature_function(image_spec)
         def embed_images(image_jpeg):
             return {"image_embedding": self._image(image_jpeg)}
 
-        @tf.function(input_signature=[text_spec], autograph=False)
+        @serving.signature_function(text_spec)
         def embed_texts(captions):
             return {"text_embedding": self._text(captions)}
 
-        @tf.function(input_signature=[image_spec, text_spec], autograph=False)
+        @serving.signature_function(image_spec, text_spec)
         def score(image_jpeg, captions):
             return {"scores": tf.matmul(self._image(image_jpeg), self._text(captions),
                                         transpose_b=True)}

@@ -203,32 +203,30 @@ class FragmentServingModule(tf.Module):
         image_mask_spec = tf.TensorSpec([None, None], tf.bool, name="image_mask")
         pair_specs = [image_spec, image_mask_spec, *id_specs, tf.TensorSpec([None, None], tf.bool, name="sentence_mask")]
 
-        # autograph off: the Python loops below only build per-input checks (no
-        # tensor-dependent control flow), and every trace is paid twice (warm-up, save).
-        @tf.function(input_signature=[image_spec], autograph=False)
+        @serving.signature_function(image_spec)
         def embed_image_fragments(image_fragments):
             v = self._image(self._finite_where(self._validate_image_fragments(image_fragments), None))
             return {"image_fragment_embedding": v}
 
-        @tf.function(input_signature=id_specs, autograph=False)
+        @serving.signature_function(*id_specs)
         def embed_sentence_fragments(relation, word1, word2):
             (relation, word1, word2), _ = self._validate_ids(relation, word1, word2)
             return {"sentence_fragment_embedding": self._sentence(relation, word1, word2)}
 
-        @tf.function(input_signature=string_specs, autograph=False)
+        @serving.signature_function(*string_specs)
         def embed_sentence_fragment_strings(relation, word1, word2):
             relation, word1, word2, mask = self._look_up_strings(relation, word1, word2)
             s = self._sentence(relation, word1, word2)
             return {"sentence_fragment_embedding": s * tf.cast(mask, s.dtype)[:, :, None]}
 
-        @tf.function(input_signature=pair_specs, autograph=False)
+        @serving.signature_function(*pair_specs)
         def score(image_fragments, image_mask, relation, word1, word2, sentence_mask):
             v, image_mask, s, sentence_mask = self._pair(image_fragments, image_mask, relation, word1, word2,
                                                          sentence_mask)
             return {"scores": fragment_losses.global_scores(v, image_mask, s, sentence_mask,
                                                             **self.score_options)}
 
-        @tf.function(input_signature=pair_specs, autograph=False)
+        @serving.signature_function(*pair_specs)
         def alignment(image_fragments, image_mask, relation, word1, word2, sentence_mask):
             v, image_mask, s, sentence_mask = self._pair(image_fragments, image_mask, relation, word1, word2,
                                                          sentence_mask)
@@ -245,7 +243,7 @@ class FragmentServingModule(tf.Module):
         # Parse triplets as the training data takes them: unknown fragments dropped.
         triplet_specs = [tf.TensorSpec([None, None], tf.string, name=name) for name in ID_INPUTS]
 
-        @tf.function(input_signature=triplet_specs, autograph=False)
+        @serving.signature_function(*triplet_specs)
         def embed_sentences(relation, word1, word2):
             s, mask = self._parsed_sentences(relation, word1, word2)
             return {"sentence_fragment_embedding": s, "sentence_mask": mask}
@@ -264,12 +262,12 @@ class FragmentServingModule(tf.Module):
                           tf.TensorSpec([None, None, 4], tf.float32, name="boxes"),
                           tf.TensorSpec([None], tf.int32, name="num_boxes")]
 
-            @tf.function(input_signature=jpeg_specs, autograph=False)
+            @serving.signature_function(*jpeg_specs)
             def embed_images(image_jpeg, boxes, num_boxes):
                 v, mask = self._jpeg_images(image_jpeg, boxes, num_boxes)
                 return {"image_fragment_embedding": v, "image_mask": mask}
 
-            @tf.function(input_signature=jpeg_specs + triplet_specs, autograph=False)
+            @serving.signature_function(*jpeg_specs, *triplet_specs)
             def score_jpeg(image_jpeg, boxes, num_boxes, relation, word1, word2):
                 v, image_mask = self._jpeg_images(image_jpeg, boxes, num_boxes)
                 s, sentence_mask = self._parsed_sentences(relation, word1, word2)
@@ -294,7 +292,7 @@ class FragmentServingModule(tf.Module):
                 gallery_block = max(1, BLOCK_PAIRS // max(1, slots))
             add_retrieval_signatures(
                 self, gallery, image_spec=image_specs, text_spec=triplet_specs, embed_image=embed_image,
-                embed_text=self._parsed_sentences, block_rows=gallery_block, autograph=False,
+                embed_text=self._parsed_sentences, block_rows=gallery_block,
                 pair_scores=lambda images, texts: fragment_losses.global_scores(*images, *texts,
                                                                                 **self.score_options))
 

@@ -190,7 +190,7 @@ class RegionPhraseServingModule(tf.Module):
         proposals_spec = tf.TensorSpec([None, 4], tf.float32, name="proposals")
         phrases_spec = serving.string_batch_spec("phrases", static_shape=True)
 
-        @tf.function(input_signature=[image_spec, proposals_spec, phrases_spec], autograph=False)
+        @serving.signature_function(image_spec, proposals_spec, phrases_spec)
         def score_proposals(image_jpeg, proposals, phrases):
             boxes, regions = self._regions(image_jpeg, proposals)
             phrase_embeddings = self._phrases(phrases)
@@ -198,11 +198,11 @@ class RegionPhraseServingModule(tf.Module):
             best = tf.argmax(scores, axis=1, output_type=tf.int32)
             return {"scores": scores, "best_box": tf.gather(boxes, best), "best_index": best}
 
-        @tf.function(input_signature=[image_spec, proposals_spec], autograph=False)
+        @serving.signature_function(image_spec, proposals_spec)
         def embed_regions(image_jpeg, proposals):
             return {"region_embedding": self._regions(image_jpeg, proposals)[1]}
 
-        @tf.function(input_signature=[phrases_spec], autograph=False)
+        @serving.signature_function(phrases_spec)
         def embed_phrases(phrases):
             return {"phrase_embedding": self._phrases(phrases)}
 

@@ -147,11 +147,10 @@ class NPairServingModule(tf.Module):
         self.lstm = model.lstm
         serving.track_keras_variables(self, self.backbone, self.projection, self.word_embedding, self.lstm)
 
-        # autograph off: no tensor-dependent Python control flow, and every trace is paid twice (warm-up, save).
         image_spec = serving.jpeg_batch_spec("image_jpeg", static_shape=True)
         caption_spec = serving.string_batch_spec("caption", static_shape=True)
 
-        @tf.function(input_signature=[image_spec, caption_spec], autograph=False)
+        @serving.signature_function(image_spec, caption_spec)
         def localize(image_jpeg, caption):
             pixels = self._pixels(image_jpeg)
             token_ids, token_mask = self._caption_ids(caption)
@@ -201,7 +200,7 @@ class NPairServingModule(tf.Module):
                 gallery_block = max(1, BLOCK_PRODUCTS // max(1, products))
             add_retrieval_signatures(
                 self, gallery, image_spec=image_spec, text_spec=caption_spec, embed_image=query_maps,
-                embed_text=query_tokens, block_rows=gallery_block, autograph=False,
+                embed_text=query_tokens, block_rows=gallery_block,
                 pair_scores=lambda maps, captions: volume.pairwise_localization_scores(
                     maps, *captions, aggregator=cfg.aggregator, token_average=cfg.token_average))
 

@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
+from tf_twobranch.export import serving
 from tf_twobranch.models.evaluation_input import as_evaluation_split
 
 __all__ = ["RetrievalGallery", "gallery_from_model", "add_retrieval_signatures", "padded_rows", "K_SPEC"]
@@ -190,8 +191,7 @@ def _query_rows(side) -> tf.Tensor:
 
 def add_retrieval_signatures(module: tf.Module, gallery: RetrievalGallery, *,
                              image_spec, text_spec, embed_image: Callable, embed_text: Callable,
-                             pair_scores: Callable, block_rows: int | None = None,
-                             autograph: bool = False) -> None:
+                             pair_scores: Callable, block_rows: int | None = None) -> None:
     """Gives `module` the ``retrieve_captions`` / ``retrieve_images`` tf.functions.
 
     `image_spec` / `text_spec`: the query input spec, or a list of them (e.g.
@@ -200,10 +200,8 @@ def add_retrieval_signatures(module: tf.Module, gallery: RetrievalGallery, *,
     embeddings, or ``(embeddings, mask)`` where the gallery side has a mask;
     `pair_scores(images, texts)` → (num_images, num_texts) scores, higher =
     better, as the evaluation core scores them. `block_rows`: score the
-    gallery that many items at a time (None: all at once). `autograph`: True
-    only for tower functions with tensor-dependent Python control flow (none
-    of the package's exports has any); AutoGraph's conversion of every
-    function a trace calls, Keras' included, is most of an export's time.
+    gallery that many items at a time (None: all at once). Both are
+    `serving.signature_function`s (no AutoGraph).
     """
     if block_rows is not None and int(block_rows) < 1:
         raise ConfigError(f"block_rows must be positive, got {block_rows}")
@@ -214,7 +212,7 @@ def add_retrieval_signatures(module: tf.Module, gallery: RetrievalGallery, *,
     module.gallery_images, module.gallery_captions = images.embeddings, captions.embeddings
     module.gallery_image_mask, module.gallery_caption_mask = images.mask, captions.mask
 
-    @tf.function(input_signature=[*_as_specs(image_spec), K_SPEC], autograph=autograph)
+    @serving.signature_function(*_as_specs(image_spec), K_SPEC)
     def retrieve_captions(*inputs):
         *query, k = inputs
         query = embed_image(*query)
@@ -222,7 +220,7 @@ def add_retrieval_signatures(module: tf.Module, gallery: RetrievalGallery, *,
         ids, index, values = _top_k(scores, k, module.gallery_caption_ids, "caption")
         return {"caption_ids": ids, "caption_index": index, "scores": values}
 
-    @tf.function(input_signature=[*_as_specs(text_spec), K_SPEC], autograph=autograph)
+    @serving.signature_function(*_as_specs(text_spec), K_SPEC)
     def retrieve_images(*inputs):
         *query, k = inputs
         query = embed_text(*query)

@@ -37,6 +37,7 @@ from tf_twobranch.data.formats._common import read_text
 from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
 from tf_twobranch.data.sentence_fragments import caption_keys
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.export import serving
 from tf_twobranch.export.retrieval import RetrievalGallery, gallery_from_model
 from tf_twobranch.run_folders import read_run_task
 from tf_twobranch.runs import Run, load_run
@@ -162,12 +163,12 @@ def _user_side(fe: FamilyExport, module, images_dir=None, captions_file=None):
     image_specs, text_specs = module.query_specs
     if images_dir is not None:
         paths = list_gallery_images(images_dir)
-        fn = tf.function(module.query_image, input_signature=list(image_specs), autograph=False)
+        fn = serving.signature_function(*image_specs)(module.query_image)
         jpegs = [p.read_bytes() for p in paths]
         embeddings, mask = _embed(fn, _batched(jpegs, fe.image_inputs), "image", images_dir)
         return [p.stem for p in paths], embeddings, mask
     ids, batches = fe.text_inputs(pathlib.Path(captions_file))
-    fn = tf.function(module.query_text, input_signature=list(text_specs), autograph=False)
+    fn = serving.signature_function(*text_specs)(module.query_text)
     embeddings, mask = _embed(fn, batches, "caption", captions_file)
     return ids, embeddings, mask
 

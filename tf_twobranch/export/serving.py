@@ -76,6 +76,7 @@ __all__ = [
     "string_batch_spec",
     "jpeg_batch_spec",
     "feature_batch_spec",
+    "signature_function",
     "validate_strings",
     "validate_features",
     "signature_input_specs",
@@ -123,6 +124,16 @@ def feature_batch_spec(name: str, dim: int | None = None) -> tf.TensorSpec:
     """Spec of a float32 feature batch, shape (batch, dim) checked by `validate_features`; with
     `dim` the spec declares (None, dim)."""
     return tf.TensorSpec(None if dim is None else [None, int(dim)], tf.float32, name=name)
+
+
+def signature_function(*input_signature: tf.TensorSpec):
+    """Decorator: an export's function of these input specs (a signature, or a query function).
+
+    Traced without AutoGraph: no export has tensor-dependent Python control flow (its Python
+    loops only build per-input checks), and AutoGraph would convert every function a trace calls,
+    Keras' own included, for the warm-up before saving and again for the save.
+    """
+    return tf.function(input_signature=list(input_signature), autograph=False)
 
 
 # --------------------------------------------------------------------------

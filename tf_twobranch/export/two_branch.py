@@ -140,15 +140,15 @@ class TwoBranchServingModule(TowerServingModule):
                                       self.text_tower, self.similarity_head)
         self.query_specs = ([image_spec], [text_spec])
 
-        @tf.function(input_signature=[image_spec], autograph=False)
+        @serving.signature_function(image_spec)
         def embed_images(images):
             return {"image_embedding": self._image(images)}
 
-        @tf.function(input_signature=[text_spec], autograph=False)
+        @serving.signature_function(text_spec)
         def embed_texts(texts):
             return {"text_embedding": self._text(texts)}
 
-        @tf.function(input_signature=[image_spec, text_spec], autograph=False)
+        @serving.signature_function(image_spec, text_spec)
         def score(images, texts):
             return {"scores": self._pair_scores(self._image(images), self._text(texts))}
 
@@ -159,14 +159,14 @@ class TwoBranchServingModule(TowerServingModule):
         # Feature-vector signatures beside the raw ones (none when no side is raw).
         self.feature_signature_names = []
         if image_backbone is not None:
-            @tf.function(input_signature=[image_feature_spec], autograph=False)
+            @serving.signature_function(image_feature_spec)
             def embed_image_features(image_features):
                 return {"image_embedding": self._image_tower(image_features)}
 
             self.embed_image_features = embed_image_features
             self.feature_signature_names.append("embed_image_features")
         if text_layer is not None:
-            @tf.function(input_signature=[text_feature_spec], autograph=False)
+            @serving.signature_function(text_feature_spec)
             def embed_text_features(text_features):
                 return {"text_embedding": self._text_tower(text_features)}
 
@@ -175,7 +175,7 @@ class TwoBranchServingModule(TowerServingModule):
         if self.feature_signature_names:
             self.text_feature_input = "text_features" if text_feature_spec is not None else "captions"
 
-            @tf.function(input_signature=[image_feature_spec, text_feature_spec or text_spec], autograph=False)
+            @serving.signature_function(image_feature_spec, text_feature_spec or text_spec)
             def score_features(image_features, texts):
                 texts = self._text_tower(texts) if text_feature_spec is not None else self._text(texts)
                 return {"scores": self._pair_scores(self._image_tower(image_features), texts)}
