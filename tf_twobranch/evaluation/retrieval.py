@@ -316,7 +316,9 @@ def ranks_from_score_fn(score_fn: Callable[[int, int], np.ndarray], num_images: 
     `score_fn(start, stop)` scores every image against captions start..stop-1
     (higher is better); it is always called with the same number of captions,
     `score_window(num_captions, chunk_size, columns_per_call)` (the last
-    window overlaps). A caption's positive and negatives sit in one block.
+    window overlaps), where `columns_per_call` defaults to the scorer's own
+    attribute of that name (`TwoBranchModel.score_fn` has one). A caption's
+    positive and negatives sit in one block.
     An image's best positive is read from the blocks of its captions; the
     blocks are kept for the image-side count when they fit in 1 GiB,
     otherwise scored again (and checked to reproduce the positives: a scorer
@@ -332,7 +334,8 @@ def ranks_from_score_fn(score_fn: Callable[[int, int], np.ndarray], num_images: 
     kept, spans = [], []
     flat = True
 
-    chunk_size = score_window(num_captions, chunk_size, columns_per_call)
+    chunk_size = score_window(num_captions, chunk_size,
+                              columns_per_call or getattr(score_fn, "columns_per_call", None))
 
     def block_for(start, stop):
         # Every call asks for chunk_size captions (the last window overlaps
@@ -569,9 +572,8 @@ def evaluate_protocol(image_embeds, text_embeds, caption_image, protocol: str = 
     def metrics(images, texts, groups):
         if score_fn_factory is None:
             return retrieval_metrics(images, texts, groups, ks=ks, chunk_size=chunk_size)
-        score_fn = score_fn_factory(images, texts)
-        i2t, t2i = ranks_from_score_fn(score_fn, len(images), groups, chunk_size=chunk_size,
-                                       columns_per_call=getattr(score_fn, "columns_per_call", None))
+        i2t, t2i = ranks_from_score_fn(score_fn_factory(images, texts), len(images), groups,
+                                       chunk_size=chunk_size)
         return retrieval_metrics_from_ranks(i2t, t2i, ks)
 
     if spec.first_caption_only:
