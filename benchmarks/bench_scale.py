@@ -103,12 +103,12 @@ def _python(module: str) -> list[str]:
     return [sys.executable, "-m", module]
 
 
-def _common(run_dir: pathlib.Path) -> list[str]:
-    return [f"--run_dir={run_dir}", "--noexport", "--verbose=0"]
+def _common(run_dir: pathlib.Path, verbose: int = 0) -> list[str]:
+    return [f"--run_dir={run_dir}", "--noexport", f"--verbose={verbose}"]
 
 
 def two_branch(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pathlib.Path,
-               steps: int = 0) -> list[str]:
+               steps: int = 0, verbose: int = 0) -> list[str]:
     scale_data.write_caption_folder(folder, n, test, parses=False)
     files = {}
     for split, images, seed in (("train", n, 1), ("test", test, 2)):
@@ -119,11 +119,11 @@ def two_branch(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pat
             folder / f"{split}_text_features.npy", (5 * images, 6000), dtype, seed + 10, scale=_FEATURE_SCALE)
     return _python("experiments.image_sentence_retrieval") + [
         f"--dataset_dir={folder}", *(f"--{k}={v}" for k, v in files.items()), "--epochs=1",
-        f"--feature_dtype={dtype}", *_common(run_dir)]
+        f"--feature_dtype={dtype}", *_common(run_dir, verbose)]
 
 
 def dual_path(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pathlib.Path,
-              steps: int = 0) -> list[str]:
+              steps: int = 0, verbose: int = 0) -> list[str]:
     # Zheng et al.'s model at paper size with N instance classes (its classifier is the only part that
     # grows with N; training images are streamed from JPEG files, never held), Stage II steps (everything
     # trainable, SGD momentum) through Keras' compiled train function (`bench_dual_path.step_child`);
@@ -135,7 +135,7 @@ def dual_path(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: path
 
 
 def fragments(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pathlib.Path,
-              steps: int = 0) -> list[str]:
+              steps: int = 0, verbose: int = 0) -> list[str]:
     scale_data.write_caption_folder(folder, n, test)
     paths = {split: scale_data.write_random_rows(folder / f"{split}_fragments.npy", (images, 20, 4096), dtype,
                                                  seed, nonnegative=True, scale=_FEATURE_SCALE)
@@ -143,11 +143,11 @@ def fragments(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: path
     return _python("experiments.fragment_embeddings") + [
         f"--dataset_dir={folder}", f"--fragment_features=train={paths['train']},test={paths['test']}",
         "--epochs=1", f"--steps_per_epoch={steps}", "--word_dim=50", f"--feature_dtype={dtype}",
-        *_common(run_dir)]
+        *_common(run_dir, verbose)]
 
 
 def npair(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pathlib.Path,
-          steps: int = 0) -> list[str]:
+          steps: int = 0, verbose: int = 0) -> list[str]:
     scale_data.write_caption_folder(folder, n, test, parses=False)
     paths = {split: scale_data.write_random_rows(folder / f"{split}_maps.npy", (images, 14, 14, 512), dtype,
                                                  seed, nonnegative=True, scale=_FEATURE_SCALE)
@@ -155,7 +155,7 @@ def npair(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pathlib.
     return _python("experiments.npair_localization") + [
         f"--dataset_dir={folder}", f"--backbone_maps=train={paths['train']},test={paths['test']}",
         "--epochs=1", f"--steps_per_epoch={steps or 5}", "--word_dim=50", "--protocol=folds_100",
-        f"--feature_dtype={dtype}", *_common(run_dir)]
+        f"--feature_dtype={dtype}", *_common(run_dir, verbose)]
 
 
 BUILDERS = {"two_branch": two_branch, "dual_path": dual_path, "fragments": fragments, "npair": npair}
@@ -183,6 +183,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps_per_epoch", type=int, default=0,
                         help="Training steps of the fragment and N-pair runs (0: a whole epoch for fragments, "
                              "5 for N-pair); a real-size run (--sizes 29783) takes a few.")
+    parser.add_argument("--verbose", type=int, default=0, choices=(0, 1, 2),
+                        help="Keras progress of the experiments, in their logs (2: one line per epoch with its "
+                             "time and time per step).")
     parser.add_argument("--keep", action="store_true", help="Keep the synthetic folders.")
     parser.add_argument("--out_json", default="")
     args = parser.parse_args(argv)
@@ -205,7 +208,7 @@ def main(argv=None) -> dict:
             shutil.rmtree(run_dir, ignore_errors=True)
             start = time.perf_counter()
             command = BUILDERS[system](folder, n, args.test_images, args.feature_dtype, run_dir,
-                                       args.steps_per_epoch)
+                                       args.steps_per_epoch, verbose=args.verbose)
             written = time.perf_counter() - start
             figures = run_measured(command, work / f"{system}_{n}.log", args.timeout)
             figures.update(images=n, write_seconds=written, command=" ".join(command))
