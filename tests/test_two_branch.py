@@ -124,6 +124,26 @@ def test_xla_optimizer_update_matches_plain_update():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+def test_one_replica_mirrored_strategy_trains_without_the_xla_update():
+    # One GPU under --strategy=mirrored is one replica, but its optimizer update is still a
+    # cross-replica merge_call, which cannot run inside the nested XLA function (first GPU session).
+    import keras
+    img, txt, _ = synthetic(num_images=20)
+    labels = np.repeat(np.eye(20, dtype=bool), 5, axis=0)
+    data = tf.data.Dataset.from_tensors({"image": img, "text": txt, "labels": labels}).repeat(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    assert strategy.num_replicas_in_sync == 1
+    with strategy.scope():
+        model = build_model(tiny_config())
+        model.compile(keras.optimizers.Adam(1e-2))
+    assert model._xla_apply is None
+    history = model.fit(data, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+    default = build_model(tiny_config())
+    default.compile(keras.optimizers.Adam(1e-2))
+    assert default._xla_apply is not None   # outside any strategy the fused update stays on
+
+
 def test_run_dir_backup_of_another_configuration_is_discarded(tmp_path):
     (tmp_path / "backup").mkdir()
     write_json(tmp_path / "run_config.json", {"model": {"margin": 0.05}})

@@ -146,12 +146,14 @@ class TwoBranchModel(keras.Model):
         XLA fuses Adam's element-wise update of the 22.7M parameters of the
         paper-size network (87 → 25 ms per step here, benchmarks/), while
         the towers stay on the default kernels (XLA's CPU matmuls are several
-        times slower here). Default: on for a single device, off under a
-        multi-replica strategy.
+        times slower here). Default: on outside any tf.distribute strategy,
+        off under one — also a one-replica MirroredStrategy (one GPU), whose
+        optimizer update is a cross-replica merge_call that cannot run
+        inside the nested XLA function.
         """
         super().compile(optimizer=optimizer, **kwargs)
         if xla_optimizer_update is None:
-            xla_optimizer_update = (tf.distribute.get_strategy().num_replicas_in_sync == 1
+            xla_optimizer_update = (not tf.distribute.has_strategy()
                                     and kwargs.get("jit_compile") is not True)
         self._xla_apply = None
         if xla_optimizer_update:
