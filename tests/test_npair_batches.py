@@ -56,3 +56,20 @@ def test_a_resumed_stream_repeats_the_same_batches():
     rows_images, rows = npair_batches.batch_rows(caption_image, trainable, 4, 3, 1)
     np.testing.assert_array_equal(ids[rows.numpy(), 0], full[3][:, 0])
     np.testing.assert_array_equal(caption_image[rows.numpy()], rows_images.numpy())
+
+
+def test_batches_read_in_parallel_are_the_stream_read_one_at_a_time(tmp_path):
+    # The default reads several batches at once (an H100 waited 90 % of each step on one at a
+    # time); each batch is a function of its step and the order is kept: the same stream.
+    images, ids, mask, caption_image = _data(num_images=30)
+    np.save(tmp_path / "maps.npy", images.astype(np.float16))
+    maps = np.load(tmp_path / "maps.npy", mmap_mode="r")
+    trainable = np.ones(len(caption_image), bool)
+    streams = [list(npair_batches.train_dataset(maps, ids, mask, caption_image, trainable, batch_size=8, seed=2,
+                                                parallel_batches=p).take(12).as_numpy_iterator())
+               for p in (1, None, 4)]
+    for serial, *parallel in zip(*streams):
+        for other in parallel:
+            for k in serial:
+                assert other[k].dtype == serial[k].dtype
+                np.testing.assert_array_equal(other[k], serial[k], err_msg=k)

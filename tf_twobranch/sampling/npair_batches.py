@@ -44,7 +44,7 @@ def batch_rows(caption_image, trainable, batch_size: int, step, seed: int):
 
 def train_dataset(image_inputs, token_ids, token_mask, caption_image, trainable, *, batch_size: int, seed: int,
                   start_step: int = 0, image_key: str = "backbone_map",
-                  token_key: str = "token_ids") -> tf.data.Dataset:
+                  token_key: str = "token_ids", parallel_batches: int | None = None) -> tf.data.Dataset:
     """The infinite stream of batches from step `start_step` on.
 
     Each batch's rows are read by index from the arrays where they live (in RAM, memory-mapped
@@ -58,6 +58,9 @@ def train_dataset(image_inputs, token_ids, token_mask, caption_image, trainable,
       token_ids, token_mask: (num_captions, T) of every training caption; with ``token_key``
         "word_inputs", `token_ids` are (num_captions, T, word_dim) LSTM inputs (phrase-parsed).
       caption_image: the image row of every caption; trainable: which captions may be drawn.
+      parallel_batches: batches read at once (default ``tf.data.AUTOTUNE``, up to the cores). A batch
+        is a function of its step and the order is kept, so every value gives the same stream; one
+        batch at a time left an H100 idle 90-95 % of the step (benchmarks/bench_input_pipelines.py).
     """
     images, rows, local = trainable_pairs(caption_image, trainable)
     if batch_size > len(images):
@@ -77,4 +80,4 @@ def train_dataset(image_inputs, token_ids, token_mask, caption_image, trainable,
                 "token_mask": gather_op(token_mask, picked, bool)}
 
     return (tf.data.Dataset.counter(start=start_step, dtype=tf.int64)
-            .map(batch, num_parallel_calls=1).prefetch(2))
+            .map(batch, num_parallel_calls=parallel_batches or tf.data.AUTOTUNE, deterministic=True).prefetch(2))

@@ -23,10 +23,15 @@ def gather_op(array, indices: tf.Tensor, dtype=None) -> tf.Tensor:
     if dtype is None:
         dtype = np.float32 if np.dtype(array.dtype).kind == "f" else array.dtype
     dtype = np.dtype(dtype)
+    storage = np.dtype(array.dtype)
+    # float16 storage is read as it is and widened by a graph cast: numpy's half -> float
+    # conversion is scalar (~60 ms for a fragment batch of 8.2M values here, ~7 ms for TensorFlow's),
+    # and it ran inside the GIL-holding read (benchmarks/bench_input_pipelines.py).
+    read_dtype = storage if storage == np.float16 and dtype.kind == "f" else dtype
 
     def read(index):
-        return np.asarray(array[np.asarray(index, np.int64)], dtype=dtype)
+        return np.asarray(array[np.asarray(index, np.int64)], dtype=read_dtype)
 
-    rows = tf.numpy_function(read, [indices], tf.as_dtype(dtype), stateful=False)
+    rows = tf.numpy_function(read, [indices], tf.as_dtype(read_dtype), stateful=False)
     rows.set_shape(indices.shape.concatenate(array.shape[1:]))
-    return rows
+    return rows if read_dtype == dtype else tf.cast(rows, tf.as_dtype(dtype))

@@ -1,0 +1,140 @@
+"""Training-batch pipelines of the fragment and N-pair systems at Flickr30K size: batches/s against the step.
+
+Run from the repository root:
+
+    python -m benchmarks.bench_input_pipelines [--images 29783] [--batches 60] [--warmup 5]
+        [--work_dir /tmp/tf_twobranch_bench_pipelines] [--systems fragments,npair] [--keep]
+
+Why: on the first GPU machine (an H100, session 18, `BUILD_NOTES.md`) both systems trained at
+~93 ms (fragments) and ~81–99 ms (N-pair) per step with the GPU busy 5 % and 7–13 % of the time:
+their `tf.data` pipelines read one batch at a time (``num_parallel_calls=1``), so the step waited
+for the CPU. This benchmark times the real pipelines (`fragment_batches.train_dataset`,
+`npair_batches.train_dataset`) alone, at the real sizes, memory-mapped float16 storage as at
+Flickr30K / COCO scale (random rows written by `benchmarks.scale_data`; fragments
+(N, 20, 4096) with 5 sentences per image padded to 30 fragments; N-pair (N, 14, 14, 512) maps with
+5 captions of 22 tokens), three ways in the same process: as before (rows widened to float32 by
+numpy inside the read, one batch in flight), with the graph cast (`row_gather.gather_op` now reads
+float16 rows as they are and casts in TensorFlow) one batch at a time, and as now (graph cast,
+``AUTOTUNE`` batches in flight); and checks that all three give the same batches.
+
+Printed per system: batches/s, image bytes gathered per second, and the ratios to before.
+'Keeps up' needs batches/s ≥ steps/s of the step it feeds (the GPU step was ~5–10 ms, so ≥ 100
+batches/s there; a 2-core CPU step is far slower than either pipeline).
+Benchmarks print figures; they are not tests.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tf_twobranch.data.formats import row_arrays
+from tf_twobranch.sampling import fragment_batches, npair_batches
+
+from benchmarks import scale_data
+
+
+def _memmap(path: pathlib.Path, shape, seed: int) -> np.ndarray:
+    if not path.exists():
+        scale_data.write_random_rows(path, shape, "float16", seed, nonnegative=True, scale=0.05)
+    return row_arrays.open_rows(path)
+
+
+class NumpyWidened:
+    """The gather before session 18: float16 rows widened to float32 by numpy inside the read."""
+
+    def __init__(self, rows):
+        self.rows, self.shape, self.dtype = rows, rows.shape, np.dtype(np.float32)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return np.asarray(self.rows[index], np.float32)
+
+
+def fragment_pipeline(work: pathlib.Path, images: int, parallel, old_read=False):
+    fragments = _memmap(work / "fragments.npy", (images, 20, 4096), 1)
+    fragments = NumpyWidened(fragments) if old_read else fragments
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 31, size=5 * images)
+    row_splits = np.concatenate([[0], np.cumsum(lengths)])
+    total = int(row_splits[-1])
+    sentences = fragment_batches.padded_sentence_arrays(
+        rng.integers(0, 15, total), rng.integers(0, 8000, total), rng.integers(0, 8000, total), row_splits)
+    caption_image = np.repeat(np.arange(images), 5)
+    return fragment_batches.train_dataset(fragments, np.ones((images, 20), bool), sentences, caption_image,
+                                          batch_size=100, seed=0, parallel_batches=parallel), 100 * 20 * 4096 * 2
+
+
+def npair_pipeline(work: pathlib.Path, images: int, parallel, old_read=False):
+    maps = _memmap(work / "maps.npy", (images, 14, 14, 512), 2)
+    maps = NumpyWidened(maps) if old_read else maps
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 8000, size=(5 * images, 22)).astype(np.int32)
+    mask = np.arange(22)[None, :] < rng.integers(5, 23, size=5 * images)[:, None]
+    caption_image = np.repeat(np.arange(images), 5)
+    return npair_batches.train_dataset(maps, tokens, mask, caption_image, np.ones(5 * images, bool),
+                                       batch_size=64, seed=0, parallel_batches=parallel), 64 * 14 * 14 * 512 * 2
+
+
+PIPELINES = {"fragments": fragment_pipeline, "npair": npair_pipeline}
+
+
+def time_pipeline(dataset, batches: int, warmup: int):
+    iterator = iter(dataset)
+    first = [next(iterator) for _ in range(warmup)]
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return time.perf_counter() - start, first
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=29_783)
+    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--systems", default="fragments,npair")
+    parser.add_argument("--work_dir", default="/tmp/tf_twobranch_bench_pipelines")
+    parser.add_argument("--keep", action="store_true", help="Keep the memory-mapped files for a later run.")
+    args = parser.parse_args(argv)
+    work = pathlib.Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"bench_input_pipelines: {args.images} training images, float16 memory-mapped storage, "
+          f"{args.batches} batches after {args.warmup}; machine: {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    results = {}
+    for system in args.systems.split(","):
+        rows = {}
+        for label, parallel, old_read in (("before: numpy widening, serial", 1, True),
+                                          ("graph cast, serial", 1, False),
+                                          ("graph cast, AUTOTUNE (default)", None, False)):
+            start = time.perf_counter()
+            dataset, image_bytes = PIPELINES[system](work, args.images, parallel, old_read)
+            built = time.perf_counter() - start
+            seconds, first = time_pipeline(dataset, args.batches, args.warmup)
+            rows[label] = {"batches_per_s": args.batches / seconds, "image_mb_per_s": args.batches * image_bytes / seconds / 1e6,
+                           "first": first, "built_s": built}
+            print(f"  {system:9s} {label:30s}: {args.batches / seconds:7.1f} batches/s, "
+                  f"{args.batches * image_bytes / seconds / 1e9:5.2f} GB/s of float16 image rows "
+                  f"(pipeline built in {built:.1f} s)", flush=True)
+        a, b, c = rows.values()
+        same = all(all(np.array_equal(x[k].numpy(), y[k].numpy()) and np.array_equal(x[k].numpy(), z[k].numpy())
+                        for k in x) for x, y, z in zip(a["first"], b["first"], c["first"]))
+        print(f"  {system:9s} default / before: {c['batches_per_s'] / a['batches_per_s']:.2f}x (graph cast alone "
+              f"{b['batches_per_s'] / a['batches_per_s']:.2f}x); the same batches in the same order: {same}", flush=True)
+        results[system] = {label: row["batches_per_s"] for label, row in rows.items()}
+        results[system]["same_batches"] = same
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
