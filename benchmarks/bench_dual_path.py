@@ -141,7 +141,8 @@ def step_child(stage: int, precision: str = "float32", sizes: dict = PAPER_SIZES
     t0 = time.perf_counter()
     with precision_scope(precision):
         model = DualPathModel(dual_path_config(sizes, stage=stage)).build_all()
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9))
+    # XLA off as in the experiments (Keras' 'auto' would turn it on wherever a GPU is visible)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9), jit_compile=False)
     model.optimizer.build(model.trainable_variables)
     model.make_train_function()
     build_seconds = time.perf_counter() - t0

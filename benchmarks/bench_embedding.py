@@ -373,7 +373,7 @@ def _breakdown_child(jit_compile: bool, repeats: int) -> dict:
     from tf_twobranch import losses
     keras.utils.set_random_seed(0)
     model = _make_variant_model("package")
-    model.compile(optimizer=keras.optimizers.Adam(1e-4))
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), jit_compile=False)
     batch = _paper_batch(tf)
     cfg = model.config
     fn = lambda f: tf.function(f, jit_compile=jit_compile)  # noqa: E731

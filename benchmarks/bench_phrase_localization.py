@@ -326,7 +326,7 @@ def _pipeline_child(kind: str, num_images: int, phrases_per_image: float, num_pr
         config.update(PAPER_LOSS)
     keras.utils.set_random_seed(0)
     model = build_model(TwoBranchConfig(**config))
-    model.compile(keras.optimizers.Adam(1e-3))
+    model.compile(keras.optimizers.Adam(1e-3), jit_compile=False)   # as the experiments; 'auto' is XLA on a GPU
     model.make_train_function()
 
     def run_steps(next_input):

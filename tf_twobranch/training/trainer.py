@@ -494,7 +494,8 @@ def _train(model, dataset, cfg: TrainConfig, run_dir: pathlib.Path, write_dir: p
     checkpoint_dir = write_dir / "checkpoints"
     remove_stale_temp_files(checkpoint_dir)
     if getattr(model, "optimizer", None) is None or not model.compiled:
-        model.compile(optimizer=make_optimizer(cfg, steps_per_epoch))
+        # jit_compile explicit: Keras' default 'auto' turns XLA on wherever a GPU is visible.
+        model.compile(optimizer=make_optimizer(cfg, steps_per_epoch), jit_compile=False)
     guard = NonFiniteLossGuard(steps_per_epoch)
     # One backup directory per train() call, so that a multi-stage run does
     # not restore one stage's state into another.
