@@ -31,7 +31,6 @@ import shutil
 import time
 
 import numpy as np
-import tensorflow as tf
 
 from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.sampling import fragment_batches, npair_batches
