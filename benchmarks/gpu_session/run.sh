@@ -4,6 +4,8 @@ set -u
 T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET:-480}))
 exec > >(tee "$OUT/run.log") 2>&1
 mark() { echo "== $(date '+%Y/%m/%d %H:%M:%S.%N') $*"; }
+STAGES=",${STAGES:-probe,scale,real,mirrored},"   # a subset splits the work over two calls
+want() { [[ $STAGES == *",$1,"* ]]; }
 stage() {  # stage NAME MAX_SECONDS command...
   local name=$1 max=$2; shift 2
   local left=$((DEADLINE - $(date +%s))); local t=$(( max < left ? max : left ))
@@ -17,14 +19,14 @@ SMI=$!
 vmstat -n 1 > "$OUT/vmstat.txt" 2>/dev/null &
 VM=$!
 lscpu | grep -E "Model name|^CPU\(s\)" | cut -c1-200
-stage probe 60 $PY benchmarks/gpu_session/probe.py
+want probe && stage probe 60 $PY benchmarks/gpu_session/probe.py
 # on the CPU while the small sizes run: the real-size folders (one pass over the training sentences in 5 epochs:
 # fragments 5 x 298 steps of 100, N-pair 5 x 466 steps of 64)
-( $PY benchmarks/gpu_session/drive.py write fragments ${N30K:-29783} 1000 float16 ${FRAG_STEPS:-298} > "$WORK/write_fragments.log" 2>&1;
+want real && ( $PY benchmarks/gpu_session/drive.py write fragments ${N30K:-29783} 1000 float16 ${FRAG_STEPS:-298} > "$WORK/write_fragments.log" 2>&1;
   $PY benchmarks/gpu_session/drive.py write npair ${N30K:-29783} 1000 float16 ${NPAIR_STEPS:-466} > "$WORK/write_npair.log" 2>&1 ) &
 WRITERS=$!
 # MirroredStrategy on the GPU beside bench_scale (its figures are metrics, not time)
-( $PY -c "
+want mirrored && ( $PY -c "
 import json, os, pathlib; from benchmarks import bench_scale
 f = pathlib.Path(os.environ['BENCH_WORK']); f.mkdir(parents=True, exist_ok=True)
 cmd = bench_scale.two_branch(f / 'tb_2000', 2000, 1000, 'float32', f / 'tb_run', 0, verbose=2)
@@ -33,13 +35,13 @@ cmd = bench_scale.two_branch(f / 'tb_2000', 2000, 1000, 'float32', f / 'tb_run',
   RUN_TIMEOUT=90 $PY benchmarks/gpu_session/drive.py run two_branch 2000 --strategy=mirrored --run_dir=$BENCH_WORK/tb_mirrored
 ) > "$WORK/mirrored.log" 2>&1 &
 MIRRORED=$!
-stage bench_scale ${SCALE_MAX:-170} $PY -m benchmarks.bench_scale --systems fragments,npair,two_branch,dual_path \
+want scale && stage bench_scale ${SCALE_MAX:-170} $PY -m benchmarks.bench_scale --systems fragments,npair,two_branch,dual_path \
   --sizes ${SCALE_SIZES:-1000,4000} --timeout 70 --work_dir "$WORK/scale" --out_json "$OUT/scale.json"
-mark "waiting for the writers"; wait $WRITERS; cat "$WORK"/write_*.log; mark "written"
+mark "waiting for the writers"; [ -n "${WRITERS:-}" ] && wait $WRITERS; cat "$WORK"/write_*.log; mark "written"
 export RUN_TIMEOUT=${RUN_LIMIT:-170}
-stage fragments_30k 175 $PY benchmarks/gpu_session/drive.py run fragments ${N30K:-29783} --epochs=5
-stage npair_30k 175 $PY benchmarks/gpu_session/drive.py run npair ${N30K:-29783} --epochs=5
-kill $MIRRORED 2>/dev/null; cat "$WORK/mirrored.log" | grep -v "^I0000\|^W0000\|^E0000\|WARNING: All"
+want real && stage fragments_30k 175 $PY benchmarks/gpu_session/drive.py run fragments ${N30K:-29783} --epochs=5
+want real && stage npair_30k 175 $PY benchmarks/gpu_session/drive.py run npair ${N30K:-29783} --epochs=5
+[ -n "${MIRRORED:-}" ] && wait $MIRRORED; cat "$WORK/mirrored.log" 2>/dev/null | grep -v "^I0000\|^W0000\|^E0000\|WARNING: All"
 mark "all done ($(( $(date +%s) - T0 )) s)"
 kill $SMI $VM 2>/dev/null
 (cd "$WORK" && tar -czf "$OUT/logs.tgz" $(ls -d bench/*.log scale/*.log *.log 2>/dev/null))
