@@ -20,10 +20,10 @@ def gather_op(array, indices: tf.Tensor, dtype=None) -> tf.Tensor:
     Default dtype: float32 for floating arrays (float16 storage is widened
     here), the array's own otherwise (token ids, masks).
     """
-    if dtype is None:
-        dtype = np.float32 if np.dtype(array.dtype).kind == "f" else array.dtype
-    dtype = np.dtype(dtype)
     storage = np.dtype(array.dtype)
+    if dtype is None:
+        dtype = np.float32 if storage.kind == "f" else storage
+    dtype = np.dtype(dtype)
     # float16 storage is read as it is and widened by a graph cast: numpy's half -> float
     # conversion is scalar (~60 ms for a fragment batch of 8.2M values here, ~7 ms for TensorFlow's),
     # and it ran inside the GIL-holding read (benchmarks/bench_input_pipelines.py).
