@@ -163,10 +163,7 @@ def test_fragment_retrieval_refuses_bad_requests(fragment_export):
 
 def _replay_warmup_on(loaded, path):
     """What TF Serving does on load: every warm-up request, the retrieval ones included, runs."""
-    requests = serving.read_warmup_requests(path)
-    assert {"retrieve_captions", "retrieve_images"} <= {name for name, _ in requests}
-    for name, inputs in requests:
-        serving.call_signature(loaded, name, **inputs)
+    assert {"retrieve_captions", "retrieve_images"} <= set(serving.replay_warmup_file(path, loaded))
 
 
 # ------------------------------------------------------------------ N-pair localization

@@ -862,8 +862,14 @@ def run_warmup_requests(signatures: Mapping[str, object],
     return outputs
 
 
-def replay_warmup_file(export_dir) -> None:
-    """Runs a written SavedModel's warm-up file through the reloaded model, as TF Serving does on load."""
-    loaded = tf.saved_model.load(str(export_dir))
-    for signature_name, inputs in read_warmup_requests(export_dir):
+def replay_warmup_file(export_dir, loaded=None) -> list[str]:
+    """Runs a written SavedModel's warm-up file through the reloaded model, as TF Serving does on load.
+
+    `loaded`: the SavedModel already loaded from `export_dir` (default: load it here).
+    Returns the signature names of the replayed requests, in file order.
+    """
+    loaded = tf.saved_model.load(str(export_dir)) if loaded is None else loaded
+    requests = read_warmup_requests(export_dir)
+    for signature_name, inputs in requests:
         call_signature(loaded, signature_name, **inputs)
+    return [name for name, _ in requests]
