@@ -12,10 +12,12 @@ for the CPU. This benchmark times the real pipelines (`fragment_batches.train_da
 `npair_batches.train_dataset`) alone, at the real sizes, memory-mapped float16 storage as at
 Flickr30K / COCO scale (random rows written by `benchmarks.scale_data`; fragments
 (N, 20, 4096) with 5 sentences per image padded to 30 fragments; N-pair (N, 14, 14, 512) maps with
-5 captions of 22 tokens), three ways in the same process: as before (rows widened to float32 by
+5 captions of 22 tokens), four ways in the same process: as before (rows widened to float32 by
 numpy inside the read, one batch in flight), with the graph cast (`row_gather.gather_op` now reads
-float16 rows as they are and casts in TensorFlow) one batch at a time, and as now (graph cast,
-``AUTOTUNE`` batches in flight); and checks that all three give the same batches.
+float16 rows as they are and casts in TensorFlow) one batch at a time, as now (graph cast,
+``AUTOTUNE`` batches in flight, tf.data's autotuning off as the trainer runs every stream:
+`distribute.training_stream`), and the same with autotuning on (session 18's figures); and checks
+that all four give the same batches.
 
 Printed per system: batches/s, image bytes gathered per second, and the ratios to before.
 'Keeps up' needs batches/s ≥ steps/s of the step it feeds (the GPU step was ~5–10 ms, so ≥ 100
@@ -33,6 +35,7 @@ import time
 import numpy as np
 
 from tf_twobranch.data.formats import row_arrays
+from tf_twobranch.distribute import training_stream
 from tf_twobranch.sampling import fragment_batches, npair_batches
 
 from benchmarks import scale_data
@@ -111,22 +114,29 @@ def main(argv=None) -> dict:
     results = {}
     for system in args.systems.split(","):
         rows = {}
-        for label, parallel, old_read in (("before: numpy widening, serial", 1, True),
-                                          ("graph cast, serial", 1, False),
-                                          ("graph cast, AUTOTUNE (default)", None, False)):
+        # The last two differ in tf.data's autotuning only: the trainer turns it off
+        # (`distribute.training_stream`), session 18 measured it on.
+        for label, parallel, old_read, stream in (
+                ("before: numpy widening, serial", 1, True, training_stream),
+                ("graph cast, serial", 1, False, training_stream),
+                ("graph cast, AUTOTUNE (default)", None, False, training_stream),
+                ("the same, tf.data autotuning on", None, False, lambda ds: ds)):
             start = time.perf_counter()
             dataset, image_bytes = PIPELINES[system](work, args.images, parallel, old_read)
+            dataset = stream(dataset)
             built = time.perf_counter() - start
             seconds, first = time_pipeline(dataset, args.batches, args.warmup)
             rate = args.batches / seconds
             rows[label] = {"batches_per_s": rate, "first": first}
             print(f"  {system:9s} {label:30s}: {rate:7.1f} batches/s, {rate * image_bytes / 1e9:5.2f} GB/s of "
                   f"float16 image rows (pipeline built in {built:.1f} s)", flush=True)
-        a, b, c = rows.values()
-        same = all(all(np.array_equal(x[k].numpy(), y[k].numpy()) and np.array_equal(x[k].numpy(), z[k].numpy())
-                        for k in x) for x, y, z in zip(a["first"], b["first"], c["first"]))
+        a, b, c, d = rows.values()
+        same = all(all(np.array_equal(w[k].numpy(), x[k].numpy()) for x in others for k in w)
+                   for w, *others in zip(a["first"], b["first"], c["first"], d["first"]))
         print(f"  {system:9s} default / before: {c['batches_per_s'] / a['batches_per_s']:.2f}x (graph cast alone "
-              f"{b['batches_per_s'] / a['batches_per_s']:.2f}x); the same batches in the same order: {same}", flush=True)
+              f"{b['batches_per_s'] / a['batches_per_s']:.2f}x; autotuning off / on "
+              f"{c['batches_per_s'] / d['batches_per_s']:.2f}x); the same batches in the same order: {same}",
+              flush=True)
         results[system] = {label: row["batches_per_s"] for label, row in rows.items()}
         results[system]["same_batches"] = same
     if not args.keep:

@@ -41,6 +41,26 @@ def test_split_global_batch_rejects_rows_not_divisible_by_replicas():
         distribute.split_global_batch({"image_index": tf.range(4)}, 3, 0)
 
 
+def test_training_streams_run_without_the_autotuning_thread():
+    """Deleting an autotuned iterator waits for its autotuning thread's next wake-up (TF 2.21:
+    up to 60 s at the end of every `fit`), so every training stream turns autotuning off; the
+    batches are the same."""
+    from tf_twobranch.training import trainer
+
+    def batches(start_step):
+        return tf.data.Dataset.counter(start_step).map(
+            lambda s: s * 2, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    streams = {
+        "distributed_stream": distribute.distributed_stream(tf.distribute.get_strategy(), batches)(3),
+        "trainer, a factory": trainer._dataset_at(batches, 3),
+        "trainer, a dataset": trainer._dataset_at(batches(0), 3),
+    }
+    for name, stream in streams.items():
+        assert stream.options().autotune.enabled is False, name
+        assert list(stream.take(3).as_numpy_iterator()) == [6, 8, 10], name
+
+
 def test_helpers_are_identity_outside_a_strategy():
     x = tf.ones([3, 2])
     assert distribute.cross_replica_concat(x) is x
