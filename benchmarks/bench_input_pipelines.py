@@ -16,7 +16,7 @@ Flickr30K / COCO scale (random rows written by `benchmarks.scale_data`; fragment
 numpy inside the read, one batch in flight), with the graph cast (`row_gather.gather_op` now reads
 float16 rows as they are and casts in TensorFlow) one batch at a time, as now (graph cast,
 ``AUTOTUNE`` batches in flight, tf.data's autotuning off as the trainer runs every stream:
-`distribute.training_stream`), and the same with autotuning on (session 18's figures); and checks
+`distribute.without_autotuning`), and the same with autotuning on (session 18's figures); and checks
 that all four give the same batches.
 
 Printed per system: batches/s, image bytes gathered per second, and the ratios to before.
@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from tf_twobranch.data.formats import row_arrays
-from tf_twobranch.distribute import training_stream
+from tf_twobranch.distribute import without_autotuning
 from tf_twobranch.sampling import fragment_batches, npair_batches
 
 from benchmarks import scale_data
@@ -115,11 +115,11 @@ def main(argv=None) -> dict:
     for system in args.systems.split(","):
         rows = {}
         # The last two differ in tf.data's autotuning only: the trainer turns it off
-        # (`distribute.training_stream`), session 18 measured it on.
+        # (`distribute.without_autotuning`), session 18 measured it on.
         for label, parallel, old_read, stream in (
-                ("before: numpy widening, serial", 1, True, training_stream),
-                ("graph cast, serial", 1, False, training_stream),
-                ("graph cast, AUTOTUNE (default)", None, False, training_stream),
+                ("before: numpy widening, serial", 1, True, without_autotuning),
+                ("graph cast, serial", 1, False, without_autotuning),
+                ("graph cast, AUTOTUNE (default)", None, False, without_autotuning),
                 ("the same, tf.data autotuning on", None, False, lambda ds: ds)):
             start = time.perf_counter()
             dataset, image_bytes = PIPELINES[system](work, args.images, parallel, old_read)

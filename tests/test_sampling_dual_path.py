@@ -245,6 +245,9 @@ def test_training_shift_covers_every_offset(tiny_data):
 def test_test_datasets(tiny):
     data = dpd.dual_path_data_from_retrieval(resolve_dataset(tiny), split="val", max_len=12)
     test = dp.test_datasets(data, batch_size=3, resize_to=RESIZE, crop_size=CROP)
+    # A whole evaluation pass is deleted like a training stream: no autotuning thread to wait for
+    # (`distribute.without_autotuning`).
+    assert test.images.options().autotune.enabled is False
     images = list(test.images.as_numpy_iterator())
     assert sum(len(b["image_index"]) for b in images) == data.num_images
     np.testing.assert_array_equal(images[0]["image_flipped"], images[0]["image"][:, :, ::-1])

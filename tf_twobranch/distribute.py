@@ -34,7 +34,7 @@ from tf_twobranch.errors import ConfigError
 __all__ = ["STRATEGIES", "get_strategy", "cluster_resolver", "is_multi_worker", "is_chief",
            "num_replicas", "cross_replica_concat", "local_row_offset", "global_count",
            "replica_share", "split_global_batch", "distribute_global_batches", "distributed_stream",
-           "training_stream", "keras_logs"]
+           "without_autotuning", "keras_logs"]
 
 
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
@@ -212,8 +212,9 @@ def split_global_batch(batch: dict, num_slices: int, slice_id) -> dict:
             for k, v in batch.items()}
 
 
-def training_stream(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """`dataset` as an infinite training stream: without tf.data's autotuning thread.
+def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` without tf.data's autotuning thread: every training stream, and the
+    long evaluation passes that are iterated like one (the dual path's test images).
 
     TensorFlow 2.21 deletes an autotuned iterator only after its autotuning
     thread (`Model::OptimizeLoop`) wakes from its timed wait, which the deletion
@@ -222,7 +223,7 @@ def training_stream(dataset: tf.data.Dataset) -> tf.data.Dataset:
     training call ended with 0-45 s of nothing (seen at the end of the main
     job's rows: BUILD_NOTES "Session 19"). Without autotuning, an AUTOTUNE
     `num_parallel_calls` is TensorFlow's default parallelism (one call per
-    core, at most 16) and the batches are the same.
+    core, at most 16) and the elements are the same.
     """
     options = tf.data.Options()
     options.autotune.enabled = False
@@ -261,7 +262,7 @@ def distribute_global_batches(strategy: tf.distribute.Strategy, global_batches_f
     replicas = strategy.num_replicas_in_sync
     if replicas == 1:
         ds = global_batches_fn()
-        return training_stream(attach_fn(ds) if attach_fn is not None else ds)
+        return without_autotuning(attach_fn(ds) if attach_fn is not None else ds)
 
     def dataset_fn(ctx: tf.distribute.InputContext):
         local = replicas // ctx.num_input_pipelines
@@ -278,7 +279,7 @@ def distribute_global_batches(strategy: tf.distribute.Strategy, global_batches_f
         ds = global_batches_fn().flat_map(slices)
         if attach_fn is not None:
             ds = attach_fn(ds)
-        return training_stream(ds)
+        return without_autotuning(ds)
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
     return strategy.distribute_datasets_from_function(dataset_fn, options=options)

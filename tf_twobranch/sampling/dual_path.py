@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch.data.dual_path_data import DualPathData
-from tf_twobranch.distribute import distribute_global_batches
+from tf_twobranch.distribute import distribute_global_batches, without_autotuning
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.image_decoding import tf_decode_image
@@ -542,7 +542,7 @@ def test_datasets(data: DualPathData, *, batch_size: int = 64, resize_to: int = 
     images = tf.data.Dataset.from_tensor_slices(
         (tf.constant(data.image_paths, tf.string), tf.range(data.num_images, dtype=tf.int32)))
     images = images.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    images = images.batch(batch_size).prefetch(2)
+    images = without_autotuning(images.batch(batch_size).prefetch(2))
 
     if text_shift == "left_align":
         rows = np.zeros((data.num_captions, data.max_len), np.int32)

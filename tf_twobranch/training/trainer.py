@@ -37,7 +37,7 @@ from absl import logging
 
 from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.distribute import (STRATEGIES, cluster_resolver, distribute_global_batches, is_chief,
-                                     is_multi_worker, training_stream)
+                                     is_multi_worker, without_autotuning)
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.json_files import write_json
 
@@ -433,7 +433,7 @@ def _dataset_at(dataset, step: int, multi_worker_strategy=None):
                           f"Dataset, got {type(dataset).__name__}")
     if multi_worker_strategy is not None and isinstance(ds, tf.data.Dataset):
         ds = distribute_global_batches(multi_worker_strategy, lambda: ds)
-    return training_stream(ds) if isinstance(ds, tf.data.Dataset) else ds
+    return without_autotuning(ds) if isinstance(ds, tf.data.Dataset) else ds
 
 
 def train(model: keras.Model, dataset, cfg: TrainConfig, run_dir,
