@@ -257,7 +257,8 @@ def distribute_global_batches(strategy: tf.distribute.Strategy, global_batches_f
         rows (e.g. `sampling.attach_features`), applied after the split so a
         worker only reads the features of its own rows.
 
-    Returns the dataset itself under a single-replica strategy.
+    Returns the dataset itself under a single-replica strategy; either way the
+    pipelines run `without_autotuning`.
     """
     replicas = strategy.num_replicas_in_sync
     if replicas == 1:
