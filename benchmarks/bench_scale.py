@@ -195,6 +195,7 @@ def main(argv=None) -> dict:
         parser.error(f"unknown systems {unknown}; choose from {SYSTEMS}")
     sizes = [int(s) for s in args.sizes.split(",")]
     work = pathlib.Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)   # the dual path writes no folder, only its log there
     print(f"bench_scale: systems {systems}, training images {sizes}, {args.test_images} test images, "
           f"{args.feature_dtype} storage; machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
           flush=True)

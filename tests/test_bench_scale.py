@@ -23,6 +23,17 @@ def test_sampler_sees_a_child_allocate(tmp_path):
     assert figures["peak_rss_mb"] >= figures["peak_anon_mb"]
 
 
+def test_a_system_without_a_folder_runs_in_a_fresh_work_dir(tmp_path, monkeypatch):
+    # the dual path writes no dataset folder: the work dir holding its log must be made all the same
+    child = [sys.executable, "-c", "pass"]
+    monkeypatch.setitem(bench_scale.BUILDERS, "dual_path", lambda *args, **kwargs: child)
+    work = tmp_path / "not_yet"
+    results = bench_scale.main(["--systems=dual_path", "--sizes=10,20", f"--work_dir={work}"])
+    runs = results["systems"]["dual_path"]["runs"]
+    assert [r["exit_code"] for r in runs] == [0, 0]
+    assert (work / "dual_path_10.log").is_file() and (work / "dual_path_20.log").is_file()
+
+
 @pytest.mark.skipif(not scale_data.FLICKR8K.is_dir(), reason="needs ../shared/realdata/flickr8k")
 def test_synthetic_folder_reads_as_a_dataset(tmp_path):
     from tf_twobranch.data.retrieval_data import load_caption_splits
