@@ -135,6 +135,7 @@ def step_child(stage: int, precision: str = "float32", sizes: dict = PAPER_SIZES
     import keras
     from tf_twobranch.models.dual_path import DualPathModel
     from tf_twobranch.speed import precision_scope
+    from tf_twobranch.training.in_place_sgd import InPlaceSGD
 
     keras.utils.set_random_seed(0)
     batch = _random_batch(sizes)
@@ -142,13 +143,15 @@ def step_child(stage: int, precision: str = "float32", sizes: dict = PAPER_SIZES
     with precision_scope(precision):
         model = DualPathModel(dual_path_config(sizes, stage=stage)).build_all()
     # XLA off as in the experiments (Keras' 'auto' would turn it on wherever a GPU is visible)
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9), jit_compile=False)
+    # the experiment's optimizer (Keras' SGD values, the momentum update in place)
+    model.compile(optimizer=InPlaceSGD(learning_rate, momentum=0.9), jit_compile=False)
     model.optimizer.build(model.trainable_variables)
     model.make_train_function()
     build_seconds = time.perf_counter() - t0
     r = common.time_train_steps(model.train_function, lambda: iter([batch]), steps=steps,
                                 warmup=warmup)
-    trainable = sum(int(v.numpy().size) for v in model.trainable_variables)
+    # from the shapes: a .numpy() copy of W_share (0.9 GB at COCO) would be part of the peak measured
+    trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     return {"stage": stage, "precision": precision, "batch_size": sizes["batch_size"],
             **r, "examples_per_second": sizes["batch_size"] / r["step_seconds_median"],
             "build_seconds": build_seconds, "trainable_parameters": trainable,

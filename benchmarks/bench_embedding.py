@@ -358,7 +358,7 @@ def _train_child(jit_compile: bool, input_path: str, variant: str, steps: int,
             "step_seconds_all": times, "warmup_seconds": warmup_seconds,
             "kind": kind, "precision": precision,
             "examples_per_second": examples_per_batch(kind, sizes) / statistics.median(times),
-            "trainable_parameters": sum(int(v.numpy().size) for v in model.trainable_variables),
+            "trainable_parameters": sum(int(np.prod(v.shape)) for v in model.trainable_variables),
             "matmul_gflops_same_process": statistics.median(mm_rates),
             "matmul_gflops_same_process_all": mm_rates,
             "loadavg": os.getloadavg()[0]}

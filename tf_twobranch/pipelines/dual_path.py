@@ -39,6 +39,7 @@ from tf_twobranch.sampling import dual_path as dp
 from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table, paper_beside,
                                  paper_numbers, resolve_protocol, split_record, table_title)
 from tf_twobranch.training import trainer
+from tf_twobranch.training.in_place_sgd import InPlaceSGD
 from tf_twobranch.vectors import l2_normalize_rows
 
 FAMILY = "dual_path"
@@ -381,8 +382,10 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
             if r.optimizer == "adam":
                 optimizer = keras.optimizers.Adam(lr, weight_decay=r.weight_decay or None)
             else:
-                optimizer = keras.optimizers.SGD(lr, momentum=r.momentum, nesterov=r.nesterov,
-                                                 weight_decay=r.weight_decay or None)
+                # Keras' SGD values; its momentum update in place: W_share's temporaries
+                # (one class per training image) would otherwise grow with the dataset
+                optimizer = InPlaceSGD(lr, momentum=r.momentum, nesterov=r.nesterov,
+                                       weight_decay=r.weight_decay or None)
             model.compile(optimizer=optimizer, jit_compile=r.jit_compile,
                           run_eagerly=r.run_eagerly)
         tcfg = train_config(r, epochs=getattr(r, f"stage{stage}_epochs"),
