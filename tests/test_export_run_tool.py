@@ -55,6 +55,9 @@ def runs(tmp_path_factory):
         fe.define_flags, str(common.resolve_config("karpathy_table2_fragment_global")),
         [f"--dataset_dir={dataset}", "--word_dim=8", "--embed_dim=16", "--epochs=1", "--batch_size=20",
          "--scene_cnn_epochs=1", "--verbose=0", "--learning_rate=0.001", "--detections=3", "--noexport",
+         # the paper's Σ max(0, vᵀs) left every score at 0 on a Zen 4 machine's kernels (session 20: its
+         # dead zone); the code's unthresholded Σ vᵀs has none, and the export serves either
+         "--global_score=sum",
          f"--run_dir={root / 'fragment'}"]))
     npair.run(common.parse_flagfile(
         npair.define_flags, str(common.resolve_config("das_table2_npair_word")),
@@ -155,11 +158,17 @@ def test_fragment_run_serves_jpeg_boxes_and_parse_triplets_as_the_core_ranks(run
     assert all(parsed)       # every caption has a fragment the model knows (else its row scores 0)
     i2t, t2i = _ranks(loaded, split.caption_image, {"image_jpeg": jpegs, "boxes": boxes, "num_boxes": num_boxes},
                       triplet_request(parsed), test.num_images)
-    np.testing.assert_array_equal(i2t, core_i2t)
-    # A caption that S_kl scores equally with another image (a barely trained ReLU space gives ties at 0)
-    # is ranked below the tie by the core and by index by top-k (docs: ties); the others must agree.
+    # A query whose positive S_kl scores equally with another candidate (a barely trained ReLU space
+    # gives ties at 0) is ranked below the tie by the core and by index by top-k (docs: ties); the
+    # others must agree, in both directions.
     scores = score_fn(0, len(split.caption_image))
-    at_positive = scores[split.caption_image, np.arange(len(split.caption_image))]
+    captions = np.arange(len(split.caption_image))
+    best_positive = np.full(test.num_images, -np.inf)
+    np.maximum.at(best_positive, split.caption_image, scores[split.caption_image, captions])
+    untied_images = (scores == best_positive[:, None]).sum(axis=1) == 1
+    assert untied_images.sum() > len(untied_images) // 2
+    np.testing.assert_array_equal(i2t[untied_images], core_i2t[untied_images])
+    at_positive = scores[split.caption_image, captions]
     untied = (scores == at_positive[None, :]).sum(axis=0) == 1
     assert untied.sum() > len(untied) // 2
     np.testing.assert_array_equal(t2i[untied], core_t2i[untied])
