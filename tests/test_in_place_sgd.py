@@ -8,7 +8,7 @@ import keras
 
 from tf_twobranch.training.in_place_sgd import InPlaceSGD
 
-from forked_modules import REPO_ROOT, run_python
+from tests.forked_modules import REPO_ROOT, run_python
 
 FUSED_KERNEL = "ResourceApplyKerasMomentum"
 
@@ -78,12 +78,11 @@ def test_equal_under_a_one_replica_mirrored_strategy():
 
 
 _TWO_REPLICAS = """
-import json, sys
+import json
 import numpy as np, tensorflow as tf, keras
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
-sys.path.insert(0, "tests")
-import test_in_place_sgd as t
+from tests import test_in_place_sgd as t
 from tf_twobranch.training.in_place_sgd import InPlaceSGD
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 ours, fused = t._train(lambda: InPlaceSGD(0.05, momentum=0.9, nesterov=True), strategy=strategy)

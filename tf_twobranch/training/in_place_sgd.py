@@ -47,8 +47,8 @@ class InPlaceSGD(keras.optimizers.SGD):
     """`keras.optimizers.SGD` whose momentum update is one in-place kernel (same values)."""
 
     def update_step(self, gradient, variable, learning_rate):
-        if self.momentum == 0 or keras.backend.backend() != "tensorflow" \
-                or not isinstance(gradient, tf.Tensor) or gradient.dtype != variable.dtype:
+        # (a gradient of another backend is no tf.Tensor either)
+        if self.momentum == 0 or not isinstance(gradient, tf.Tensor) or gradient.dtype != variable.dtype:
             return super().update_step(gradient, variable, learning_rate)
         accumulator = self.momentums[self._get_variable_index(variable)]
         var_handle, accum_handle = _resource_handle(variable), _resource_handle(accumulator)
