@@ -175,8 +175,9 @@ def define_run_flags(fv, *, export_help: str, paper_results_help: str) -> None:
                          "(0 = at epoch ends only); a run restarted with the same command "
                          "resumes at the backed-up step.", **d)
     flags.DEFINE_bool("deterministic", False,
-                      "Deterministic TF kernels and seeded RNGs (a resumed run then ends with "
-                      "the weights of an uninterrupted one; slower on GPU).", **d)
+                      "Deterministic TF kernels, one op at a time and seeded RNGs (the same "
+                      "command gives the same weights, and a resumed run ends with the weights "
+                      "of an uninterrupted one; slower on GPU).", **d)
     flags.DEFINE_bool("export", True, export_help, **d)
     define_output_flags(fv, paper_results_help=paper_results_help)
 

@@ -21,10 +21,17 @@ def exit_with_user_error(err: Exception) -> NoReturn:
 
 
 def absl_main(run: Callable[[], object]) -> Callable[[list], None]:
-    """An `absl.app.run` main that rejects stray arguments and reports user errors."""
+    """An `absl.app.run` main that rejects stray arguments and reports user errors.
+
+    With ``--deterministic`` (where a tool defines it) TensorFlow's op schedule
+    is fixed here, before the run's first op (`trainer.serialize_op_scheduling`).
+    """
     def main(argv) -> None:
         if len(argv) > 1:
             exit_with_user_error(f"unexpected arguments {argv[1:]}")
+        if getattr(flags.FLAGS, "deterministic", False):
+            from tf_twobranch.training.trainer import serialize_op_scheduling  # TensorFlow only when asked
+            serialize_op_scheduling()
         try:
             run()
         except UserInputError as err:

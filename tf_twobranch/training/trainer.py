@@ -133,13 +133,39 @@ TMP_PREFIX = ".tmp_"
 
 
 def make_deterministic(seed: int) -> None:
-    """Deterministic kernels and seeded Python/NumPy/TF/Keras RNGs (process-wide).
+    """Deterministic kernels, one op at a time, and seeded Python/NumPy/TF/Keras RNGs (process-wide).
 
     Call it before building the model so that the initial weights (and the
-    dropout seed generators) are the same in every run of the same command.
+    dropout seed generators) are the same in every run of the same command;
+    call it (or `serialize_op_scheduling`) before TensorFlow runs its first op
+    so that the op schedule is fixed too.
     """
     tf.config.experimental.enable_op_determinism()
+    serialize_op_scheduling()
     keras.utils.set_random_seed(seed)
+
+
+def serialize_op_scheduling() -> bool:
+    """One inter-op thread: a traced step runs its ops one at a time (each kernel still uses every core).
+
+    Op determinism alone did not make graph-mode training repeatable: with
+    independent ops running side by side, the dual path's text-CNN gradients
+    differed in the last bits in about half of repeated 15-step runs from the
+    same weights and batches (none with one inter-op thread; BUILD_NOTES,
+    session 21). TensorFlow fixes the thread count when its runtime starts, so
+    this must run before the first op; later it logs what to do and returns False.
+    """
+    if tf.config.threading.get_inter_op_parallelism_threads() == 1:
+        return True
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:
+        logging.warning("deterministic ops are on, but TensorFlow already runs independent ops side by "
+                        "side, which can change the last bits of a step; make the run deterministic "
+                        "before TensorFlow's first op (tf_twobranch.training.trainer.make_deterministic) "
+                        "or set TF_NUM_INTEROP_THREADS=1")
+        return False
+    return True
 
 
 def _fsync(path: pathlib.Path) -> None:
