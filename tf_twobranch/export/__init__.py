@@ -7,6 +7,8 @@
 * `localization`: region–phrase scoring from image bytes, boxes and phrases (`export_region_phrase_model`).
 * `fragment_embedding`: deep fragment embeddings: fragment towers, S_kl and the alignment matrix (`export_fragment_model`).
 * `npair_localization`: Das et al.: JPEG + raw caption → score, per-token heat maps, arg-max points (`export_npair_model`).
+* `retrieval_signatures`: the `RetrievalGallery` and the ``retrieve_*`` signatures every family's export adds.
+* `retrieval`: `gallery_from_model`, the gallery a model of any family embeds (above the family exports).
 
 ``saved_model_cli`` with the tensorflow-text ops registered is the command-line
 tool `tf_twobranch.tools.saved_model_cli`.

@@ -12,7 +12,7 @@ Signatures (validated in the graph, see `tf_twobranch.export.serving`):
   InvalidArgument (the training data policy is "error" by default too);
 * ``score(image_jpeg, captions)`` → ``scores`` (images × captions cosine);
 * ``serving_default`` = ``score``;
-* with a ``gallery`` (`tf_twobranch.export.retrieval`): ``retrieve_captions``
+* with a ``gallery`` (`tf_twobranch.export.retrieval_signatures`): ``retrieve_captions``
   (``image_jpeg``, ``k``) and ``retrieve_images`` (``captions``, ``k``) → the
   top-k gallery ids, indices and cosine scores.
 
@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tf_twobranch.data.text_codes import TokenCoder
 from tf_twobranch.export import serving
-from tf_twobranch.export.retrieval import RetrievalGallery, add_retrieval_signatures
+from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.models.dual_path import DualPathModel
 from tf_twobranch.vectors import l2_normalize_rows

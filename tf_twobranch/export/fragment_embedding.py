@@ -62,7 +62,7 @@ Exported with a gallery (``gallery=``, `fragment_gallery` /
 (the image input: ``image_jpeg``, ``boxes``, ``num_boxes`` with the CNN,
 else ``image_fragments``, ``image_mask``; and ``k``) and ``retrieve_images``
 (the parse triplets of ``embed_sentences`` and ``k``) → the top-k gallery
-ids, indices and S_kl scores (`tf_twobranch.export.retrieval`). The gallery
+ids, indices and S_kl scores (`tf_twobranch.export.retrieval_signatures`). The gallery
 holds each gallery image's fragment embeddings and each gallery caption's
 sentence-fragment embeddings with their masks, embedded as
 ``model.evaluate`` embeds them, and S_kl is the one ``evaluate`` ranks by.
@@ -97,7 +97,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import serving
-from tf_twobranch.export.retrieval import RetrievalGallery, add_retrieval_signatures, padded_rows
+from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures, padded_rows
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.features.images import tf_pil_resize

@@ -38,7 +38,7 @@ Retrieval (exported with ``gallery=``, `npair_gallery` /
 `tf_twobranch.export.retrieval.gallery_from_model`): ``retrieve_captions``
 (``image_jpeg`` (B,), ``k``) and ``retrieve_images`` (``caption`` (B,), ``k``)
 → the top-k gallery ``caption_ids`` / ``image_ids``, their indices and
-scores, best first (`tf_twobranch.export.retrieval`). The gallery holds each
+scores, best first (`tf_twobranch.export.retrieval_signatures`). The gallery holds each
 gallery image's projected map and each gallery caption's token vectors (with
 the mask of its words), both normalised as the model's score normalises
 them, computed as ``model.evaluate`` computes them; a query is scored
@@ -76,7 +76,7 @@ from tf_twobranch.data.tokenize import PAD_TOKEN, UNK_TOKEN, tokenize_caption
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation import localization_maps
 from tf_twobranch.export import serving
-from tf_twobranch.export.retrieval import RetrievalGallery, add_retrieval_signatures
+from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.losses import localization_volume as volume

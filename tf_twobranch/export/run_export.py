@@ -38,7 +38,8 @@ from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
 from tf_twobranch.data.sentence_fragments import caption_keys
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.export import serving
-from tf_twobranch.export.retrieval import RetrievalGallery, gallery_from_model
+from tf_twobranch.export.retrieval import gallery_from_model
+from tf_twobranch.export.retrieval_signatures import RetrievalGallery
 from tf_twobranch.run_folders import read_run_task
 from tf_twobranch.runs import Run, load_run
 

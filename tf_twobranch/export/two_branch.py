@@ -38,7 +38,7 @@ beside its ``embed_images``):
 * ``score_features``: each side's feature input (``captions`` for the LSTM
   branch, which has no feature input) → ``scores``.
 
-With a ``gallery`` (`tf_twobranch.export.retrieval`): ``retrieve_captions``
+With a ``gallery`` (`tf_twobranch.export.retrieval_signatures`): ``retrieve_captions``
 (the main image input, ``k``) and ``retrieve_images`` (the main text input,
 ``k``) → the top-k gallery ids, indices and scores, scored as the evaluation
 core scores them.
@@ -67,7 +67,7 @@ import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import serving
-from tf_twobranch.export.retrieval import RetrievalGallery, add_retrieval_signatures
+from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.features.image_features import view_settings
