@@ -23,13 +23,14 @@ def exit_with_user_error(err: Exception) -> NoReturn:
 def absl_main(run: Callable[[], object]) -> Callable[[list], None]:
     """An `absl.app.run` main that rejects stray arguments and reports user errors.
 
-    With ``--deterministic`` (where a tool defines it) TensorFlow's op schedule
-    is fixed here, before the run's first op (`trainer.serialize_op_scheduling`).
+    With ``--deterministic`` (`deterministic_requested`) TensorFlow's op
+    schedule is fixed here, before the run's first op
+    (`trainer.serialize_op_scheduling`).
     """
     def main(argv) -> None:
         if len(argv) > 1:
             exit_with_user_error(f"unexpected arguments {argv[1:]}")
-        if getattr(flags.FLAGS, "deterministic", False):
+        if deterministic_requested(flags.FLAGS, sys.argv[1:]):
             from tf_twobranch.training.trainer import serialize_op_scheduling  # TensorFlow only when asked
             serialize_op_scheduling()
         try:
@@ -37,6 +38,30 @@ def absl_main(run: Callable[[], object]) -> Callable[[list], None]:
         except UserInputError as err:
             exit_with_user_error(err)
     return main
+
+
+def deterministic_requested(fv: flags.FlagValues, args: Sequence[str]) -> bool:
+    """``--deterministic`` as the tool parsed it, or, for a table runner that passes it on to its
+    rows without defining it, the last ``--[no]deterministic[=bool]`` of its command line and
+    flagfiles (`args`). A row flagfile's own ``--deterministic`` is not seen here: TensorFlow has
+    started by the time the row is parsed, so that row warns instead."""
+    if "deterministic" in fv:
+        return bool(fv["deterministic"].value)
+    try:
+        arguments = expand_flagfiles(list(args))
+    except UserInputError:
+        return False          # the tool reports its bad flagfile itself
+    wanted = False
+    for argument in arguments:
+        text = argument.text
+        if text == "--":
+            break
+        name, _, value = text.lstrip("-").partition("=")
+        if name == "deterministic":
+            wanted = value.lower() not in ("false", "0", "f") if value else True
+        elif name == "nodeterministic":
+            wanted = False
+    return wanted
 
 
 def split_paths(flag: str, values) -> dict[str, str]:

@@ -155,15 +155,18 @@ def serialize_op_scheduling() -> bool:
     session 21). TensorFlow fixes the thread count when its runtime starts, so
     this must run before the first op; later it logs what to do and returns False.
     """
-    if tf.config.threading.get_inter_op_parallelism_threads() == 1:
+    if (tf.config.threading.get_inter_op_parallelism_threads() == 1
+            or os.environ.get("TF_NUM_INTEROP_THREADS", "").strip() == "1"):   # read at start-up
         return True
     try:
         tf.config.threading.set_inter_op_parallelism_threads(1)
     except RuntimeError:
-        logging.warning("deterministic ops are on, but TensorFlow already runs independent ops side by "
-                        "side, which can change the last bits of a step; make the run deterministic "
-                        "before TensorFlow's first op (tf_twobranch.training.trainer.make_deterministic) "
-                        "or set TF_NUM_INTEROP_THREADS=1")
+        logging.log_first_n(
+            logging.WARNING,
+            "deterministic ops are on, but TensorFlow already runs independent ops side by side, "
+            "which can change the last bits of a step; make the run deterministic before "
+            "TensorFlow's first op (tf_twobranch.training.trainer.make_deterministic) or set "
+            "TF_NUM_INTEROP_THREADS=1", 1)
         return False
     return True
 
