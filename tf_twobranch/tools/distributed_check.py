@@ -75,13 +75,13 @@ def main(argv=None) -> int:
     from tf_twobranch import distribute
     from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
     from tf_twobranch.sampling import image_sentence as sampling
+    from tf_twobranch.training import trainer
 
     if args.cpu_replicas > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas)
-    tf.config.experimental.enable_op_determinism()
-    keras.utils.set_random_seed(args.seed)
+    trainer.make_deterministic(args.seed)   # before the strategy starts TensorFlow: one op at a time
     strategy = distribute.get_strategy(args.strategy)
     rng = np.random.default_rng(args.seed)
     num_images, caps = 40, 5
