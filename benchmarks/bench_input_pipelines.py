@@ -97,6 +97,54 @@ def time_pipeline(dataset, batches: int, warmup: int):
     return time.perf_counter() - start, first
 
 
+def _paper_size_model(system: str):
+    """The family's model at the paper's sizes (random weights, plain SGD), fed by `PIPELINES[system]`."""
+    import keras
+
+    if system == "fragments":
+        from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
+        model = build_fragment_model(FragmentEmbeddingConfig(image_dim=4096, num_relations=15,
+                                                             vocabulary_size=8000))
+    else:
+        from tf_twobranch.models.npair_localization import NPairLocalizationConfig, build_npair_model
+        model = build_npair_model(NPairLocalizationConfig(vocabulary_size=8000, map_channels=512))
+    model.compile(optimizer=keras.optimizers.SGD(0.01))
+    return model
+
+
+def _steps_per_second(model, dataset, steps: int, warmup: int) -> float:
+    model.fit(dataset, steps_per_epoch=warmup, epochs=1, verbose=0)      # tracing, not timed
+    start = time.perf_counter()
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    return steps / (time.perf_counter() - start)
+
+
+def fed_child(system: str, images: int, work_dir: str, batches: int = 30, steps: int = 6,
+              warmup: int = 2) -> dict:
+    """Does the family's training stream keep up with its step? (run_all's input rows.)
+
+    In one process, at the paper's batch and row sizes on `images` random float16 memory-mapped
+    training images: the pipeline alone (batches/s, as the trainer runs it: `AUTOTUNE` batches,
+    autotuning off), the model's step on one batch repeated from memory (steps/s), and the step fed
+    by the pipeline through `fit` as `trainer.train` feeds it (steps/s). It keeps up when its
+    batches/s >= the fixed-batch steps/s; the fed step then runs near the fixed-batch rate.
+    """
+    import tensorflow as tf
+
+    work = pathlib.Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    dataset, image_bytes = PIPELINES[system](work, images, None)
+    dataset = without_autotuning(dataset)
+    seconds, first = time_pipeline(dataset, batches, 3)
+    model = _paper_size_model(system)
+    fixed = without_autotuning(tf.data.Dataset.from_tensors(first[0]).repeat())
+    return {"system": system, "images": images, "batches_per_second": batches / seconds,
+            "image_bytes_per_batch": image_bytes,
+            "steps_per_second_fixed": _steps_per_second(model, fixed, steps, warmup),
+            "steps_per_second_fed": _steps_per_second(model, dataset, steps, warmup),
+            "loadavg": os.getloadavg()}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=29_783)

@@ -19,8 +19,10 @@ Prints one table (and writes it as markdown, plus every figure as JSON):
   1K x 5K, 5K x 25K and 25K x 125K (images x captions, 512-d);
 * tf.data pipeline throughput (batches/s) against the consuming step's
   steps/s: `image_sentence_batches` + `attach_features` (paper-size
-  features), Algorithm 1's phrase batches, and the dual-path
-  `train_dataset` on the embedded dataset's real JPEGs at 224 crops.
+  features), Algorithm 1's phrase batches, the dual-path
+  `train_dataset` on the embedded dataset's real JPEGs at 224 crops, and
+  the deep fragment and N-pair streams over memory-mapped float16 rows
+  against their paper-size steps, fixed and fed (`bench_input_pipelines.fed_child`).
 
 `--quick` (about five minutes): fewer repetitions, float32 only except for
 the embedding network, no 25K x 125K gallery.
@@ -33,10 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
-from benchmarks import bench_dual_path, bench_embedding, bench_phrase_localization, common
+from benchmarks import bench_dual_path, bench_embedding, bench_input_pipelines, bench_phrase_localization, common
 
 EVAL_SIZES = (1000, 5000, 25000)
 
@@ -79,6 +83,26 @@ def measure_phrase_localization(quick: bool, num_images: int | None = None,
     _log(f"phrase localization: pipeline + step ({num_images} synthetic images)")
     return run(bench_phrase_localization._pipeline_child, "embedding", num_images, 7.0, 200,
                4096, 10 if quick else 30, 3 if quick else 6, 2, 20)
+
+
+FED_SYSTEMS = ("fragments", "npair")
+
+
+def measure_fed_pipeline(system: str, quick: bool, subprocess: bool = True, images: int | None = None,
+                         work_dir: str | None = None) -> dict:
+    """Deep fragment / N-pair training stream against its paper-size step (`bench_input_pipelines.fed_child`).
+
+    Random float16 memory-mapped rows of the real sizes; fewer images than Flickr30K (a batch
+    reads the same bytes whatever the number of images: only the file is smaller).
+    """
+    run = common.run_in_subprocess if subprocess else (lambda fn, *a, **k: fn(*a, **k))
+    images = images or (1000 if quick else 3000)
+    work = work_dir or os.path.join(tempfile.gettempdir(), f"tf_twobranch_run_all_{system}")
+    try:
+        return run(bench_input_pipelines.fed_child, system, images, work, 10 if quick else 30,
+                   3 if quick else 6, 2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def measure_evaluation(quick: bool) -> list[dict]:
@@ -192,6 +216,15 @@ def build_rows(report: dict) -> tuple[list[list[str]], list[str]]:
                      _keeps(p["batches_per_second"], 1 / fastest["step_seconds_median"],
                             f"fastest dual-path step (Stage {'I' * fastest['stage']}, "
                             f"{fastest['precision']})"), "", _load(p)])
+    for system, title in (("fragments", "fragment_batches.train_dataset (100 images x 20 x 4096 float16 rows)"),
+                          ("npair", "npair_batches.train_dataset (64 maps 14 x 14 x 512 float16)")):
+        p = pipes.get(system)
+        if p:
+            rows.append(["input", f"{title}, {p['images']:,} memory-mapped training images", "",
+                         f"{1 / p['batches_per_second']:.3f} s/batch", f"{p['batches_per_second']:.1f} batches/s",
+                         _keeps(p["batches_per_second"], p["steps_per_second_fixed"],
+                                f"paper-size {system} step") + f"; fed {p['steps_per_second_fed']:.2f} steps/s",
+                         "", _load(p)])
     notes += [
         "Training: Keras compiled train function on a fixed in-memory batch, median of the timed "
         "steps after warm-up; random weights; two-branch models Adam, dual path SGD momentum 0.9; "
@@ -317,6 +350,9 @@ def main(argv=None):
         _log("image_sentence pipeline")
         report["pipelines"]["image_sentence"] = common.run_in_subprocess(
             bench_embedding.pipeline_child, 10 if args.quick else 30, 3)
+        for system in FED_SYSTEMS:
+            _log(f"{system} pipeline, paper-size step fixed and fed")
+            report["pipelines"][system] = measure_fed_pipeline(system, args.quick)
         if not args.quick:
             _log("embedding step fed by the image_sentence pipeline")
             report["two_branch_fed"] = [common.run_in_subprocess(

@@ -58,3 +58,17 @@ def test_evaluation_phrase_and_matmul_helpers():
     rows = common._matmul_child(((32, 48, 16, False), (48, 32, 16, True)), 1, 0.01, None)
     assert all(r["gflops_median"] > 0 for r in rows)
     assert bench_embedding.step_flops()["total"] > 7e10
+
+
+def test_fragment_and_npair_streams_against_their_steps(tmp_path):
+    fed = run_all.measure_fed_pipeline("fragments", quick=True, subprocess=False, images=120,
+                                       work_dir=str(tmp_path / "fragments"))
+    assert fed["batches_per_second"] > 0 and fed["steps_per_second_fixed"] > 0 and fed["steps_per_second_fed"] > 0
+    assert not (tmp_path / "fragments").exists()                  # the random rows are removed
+    slow_stream = dict(fed, system="npair", batches_per_second=0.5 * fed["steps_per_second_fixed"])
+    rows, _ = run_all.build_rows({"matmul": {"best_gflops": 100.0, "best_shape": "64x64x64"},
+                                  "two_branch": [], "pipelines": {"fragments": fed, "npair": slow_stream}})
+    inputs = {r[1].split(" ")[0]: r[5] for r in rows if r[0] == "input"}
+    assert inputs["fragment_batches.train_dataset"].startswith("keeps up: paper-size fragments step")
+    assert inputs["npair_batches.train_dataset"].startswith("DOES NOT keep up: paper-size npair step")
+    assert all(len(r) == len(run_all.HEADERS) for r in rows)
