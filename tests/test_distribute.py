@@ -152,6 +152,7 @@ def _finish(workers, timeout=300):
             raise
         assert proc.returncode == 0, output[-5000:]
         assert "replicas=2" in output, output[-5000:]
+        assert "inter_op_threads=1 " in output, output[-5000:]      # one op at a time (make_deterministic)
         outputs.append(output)
     return outputs
 
@@ -230,6 +231,7 @@ def test_two_mirrored_replicas_match_single_device(tmp_path):
     # Equal weights alone would also pass if the strategy silently ran on one replica.
     assert _replicas(tmp_path / "s.npz", single.stdout) == 1
     assert _replicas(tmp_path / "m.npz", mirrored.stdout) == 2
+    assert "inter_op_threads=1 " in mirrored.stdout and "inter_op_threads=1 " in single.stdout
     _assert_same_weights(_weights(tmp_path / "m.npz"), _weights(tmp_path / "s.npz"))
 
 

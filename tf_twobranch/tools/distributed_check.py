@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     np.savez(args.out, losses=np.asarray(history.history["loss"]),
              num_replicas_in_sync=np.asarray(strategy.num_replicas_in_sync, np.int64), **weights)
     print(f"replicas={strategy.num_replicas_in_sync} loss={history.history['loss'][-1]:.6f} "
-          f"-> {args.out}")
+          f"inter_op_threads={tf.config.threading.get_inter_op_parallelism_threads()} -> {args.out}")
     if args.run_dir:
         print(f"resumed_from={json.dumps(history.resumed_from)}")
     return 0
