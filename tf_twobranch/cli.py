@@ -58,7 +58,10 @@ def deterministic_requested(fv: flags.FlagValues, args: Sequence[str]) -> bool:
             break
         name, _, value = text.lstrip("-").partition("=")
         if name == "deterministic":
-            wanted = value.lower() not in ("false", "0", "f") if value else True
+            try:
+                wanted = flags.BooleanParser().parse(value) if value else True
+            except ValueError:
+                wanted = False    # the row that parses it reports the bad value
         elif name == "nodeterministic":
             wanted = False
     return wanted
