@@ -8,9 +8,11 @@ for d in /tmp "$REPO/.." /root /var/tmp; do
   free=$(df -Pk "$d" 2>/dev/null | awk 'NR==2{print $4}'); [ -n "$free" ] && [ "$free" -gt "$best" ] && best=$free && WORK=$(cd "$d" && pwd)/gw
 done
 mkdir -p "$WORK"; echo "work dir $WORK ($((best/1024/1024)) GiB free)"
-cat /tmp/p/part.* > "$WORK/payload.tar.xz"
-(cd "$WORK" && sha256sum payload.tar.xz)
-mkdir -p "$WORK/tf" && xz -dc -T0 "$WORK/payload.tar.xz" | tar -C "$WORK/tf" -xf - && rm -f "$WORK/payload.tar.xz"
+if [ -f "$WORK/tf/unpacked" ]; then echo "already unpacked by an earlier call on this machine"; else
+  cat /tmp/p/part.* > "$WORK/payload.tar.xz"
+  (cd "$WORK" && sha256sum payload.tar.xz)
+  mkdir -p "$WORK/tf" && xz -dc -T0 "$WORK/payload.tar.xz" | tar -C "$WORK/tf" -xf - && rm -f "$WORK/payload.tar.xz" && touch "$WORK/tf/unpacked"
+fi
 echo "unpacked: $(du -sh $WORK/tf | cut -f1)"
 mkdir -p "$REPO/../shared/realdata" && ln -sfn "$WORK/tf/flickr8k" "$REPO/../shared/realdata/flickr8k"
 mkdir -p "$WORK/cu12"
