@@ -286,13 +286,11 @@ def evaluate(r, model, split, evaluation, out_dir: pathlib.Path, title: str) -> 
     """Retrieval metrics (what `model.evaluate(split)` returns) + separability S and its histogram PNG."""
     image_embeds, text_embeds = model.retrieval_embeddings(split)
     metrics = retrieval_metrics(split, image_embeds, text_embeds)
-    positives, negatives = separability.pair_similarities(image_embeds, text_embeds,
-                                                          split.caption_image, seed=r.seed)
+    histograms = separability.pair_similarity_histograms(image_embeds, text_embeds, split.caption_image)
     png = out_dir / "similarity_histogram.png"
-    metrics["separability_S"] = separability.plot_similarity_histograms(
-        positives, negatives, png, title=title)
-    metrics["mean_positive_similarity"] = float(positives.mean())
-    metrics["mean_negative_similarity"] = float(negatives.mean())
+    metrics["separability_S"] = separability.plot_similarity_histograms(histograms, png, title=title)
+    metrics["mean_positive_similarity"] = histograms.mean_positive
+    metrics["mean_negative_similarity"] = histograms.mean_negative
     logging.info("%s: %s (histogram %s)", title, {k: round(v, 3) for k, v in metrics.items()}, png)
     metrics["random_baseline"] = _random_baseline(r, evaluation)
     return metrics
