@@ -1,4 +1,6 @@
 """Tests for the proposal file formats and the built-in proposal generator."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -220,10 +222,12 @@ def _write_jpegs(directory, count, size=48):
     return paths
 
 
-def test_generator_workers_give_identical_results_in_order(tmp_path, monkeypatch):
+@pytest.mark.parametrize("processes", [True, False], ids=["spawn_pool", "threads"])
+def test_generator_workers_give_identical_results_in_order(tmp_path, monkeypatch, processes):
     from tf_twobranch.data import proposal_generator
 
     monkeypatch.setattr(proposal_generator, "_MIN_IMAGES_PER_WORKER", 1)  # use workers even for 6 images
+    monkeypatch.setattr(proposal_generator, "spawn_pool_is_safe", lambda: processes)
     paths = _write_jpegs(tmp_path, 6)
     serial = generate_proposals_for_images(paths, tmp_path / "serial.h5", num_proposals=30, num_workers=1)
     parallel = generate_proposals_for_images(paths, tmp_path / "parallel", num_proposals=30, num_workers=2)
@@ -231,6 +235,45 @@ def test_generator_workers_give_identical_results_in_order(tmp_path, monkeypatch
     for image_id in serial:
         np.testing.assert_array_equal(parallel[image_id], serial[image_id])
     assert set(pf.read_proposals(tmp_path / "parallel")) == set(serial)
+
+
+def test_an_unguarded_user_script_runs_once(tmp_path):
+    """A plain script (no `if __name__ == "__main__"`) that generates proposals with workers must
+    not be re-executed by them: a spawn pool re-imports __main__ in every worker."""
+    import subprocess
+    import sys
+
+    _write_jpegs(tmp_path, 4)
+    script = tmp_path / "plain_script.py"
+    script.write_text(
+        "import pathlib\n"
+        "from tf_twobranch.data import proposal_generator as g\n"
+        f"folder = pathlib.Path({str(tmp_path)!r})\n"
+        "with open(folder / 'executions.txt', 'a') as f: f.write('run\\n')\n"
+        "g._MIN_IMAGES_PER_WORKER = 1\n"
+        "g.generate_proposals_for_images(sorted(folder.glob('*.jpg')), folder / 'p.h5', num_proposals=10, num_workers=2)\n"
+        "print('done')\n")
+    try:
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                                cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the script hung; it ran {(tmp_path / 'executions.txt').read_text().count('run')} times")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "executions.txt").read_text().count("run") == 1
+    assert "done" in result.stdout
+
+
+def test_spawn_pool_only_under_this_projects_entry_points(monkeypatch):
+    import types
+
+    from tf_twobranch.data import proposal_generator
+
+    main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    main.__spec__ = None  # `python script.py`
+    assert not proposal_generator.spawn_pool_is_safe()
+    main.__spec__ = types.SimpleNamespace(name="experiments.fragment_embeddings")
+    assert proposal_generator.spawn_pool_is_safe()
 
 
 def test_generator_workers_report_first_bad_image(tmp_path, monkeypatch):

@@ -35,8 +35,10 @@ candidates); :func:`generate_proposals_for_images` spreads images over
 from __future__ import annotations
 
 import functools
+import concurrent.futures
 import multiprocessing
 import os
+import sys
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -351,6 +353,21 @@ def _proposals_for_paths(task: tuple[list[str], int, int]):
     return "ok", results
 
 
+# Entry points of this project, each guarded by `if __name__ == "__main__"`: a spawn worker
+# re-imports the parent's __main__, which for an unguarded user script means running it again
+# (a three-line script that loaded a run re-executed 29 times before it was killed).
+_GUARDED_ENTRY_PACKAGES = ("experiments", "tf_twobranch", "benchmarks")
+
+
+def spawn_pool_is_safe() -> bool:
+    """True where a spawn process pool cannot re-run the user's script: this project's own
+    `python -m` entry points, never inside a worker; elsewhere the generator uses threads."""
+    if multiprocessing.parent_process() is not None:
+        return False
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (getattr(spec, "name", None) or "").split(".")[0] in _GUARDED_ENTRY_PACKAGES
+
+
 def default_num_workers() -> int:
     """Worker processes used by :func:`generate_proposals_for_images` by default: ``min(2, cpu count)``."""
     return max(1, min(2, os.cpu_count() or 1))
@@ -394,11 +411,21 @@ def generate_proposals_for_images(image_paths: Iterable[str | os.PathLike], out_
         tasks = [(image_paths[start:start + chunk_size], int(num_proposals), int(seed))
                  for start in range(0, len(image_paths), chunk_size)]
         outcomes = []
-        with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
-            for outcome in pool.imap(_proposals_for_paths, tasks):
+        if spawn_pool_is_safe():
+            pool = multiprocessing.get_context("spawn").Pool(num_workers)
+            results, close = pool.imap(_proposals_for_paths, tasks), pool.terminate
+        else:
+            # numpy, scipy and PIL release the GIL for most of a proposal's work.
+            executor = concurrent.futures.ThreadPoolExecutor(num_workers)
+            results = executor.map(_proposals_for_paths, tasks)
+            close = functools.partial(executor.shutdown, wait=True, cancel_futures=True)
+        try:
+            for outcome in results:
                 outcomes.append(outcome)
                 if outcome[0] == "error":
                     break
+        finally:
+            close()
     boxes_in_order: list[np.ndarray] = []
     for outcome in outcomes:
         if outcome[0] == "error":
