@@ -331,3 +331,19 @@ def test_proposals_are_added_to_a_dataset_generated_without_them(tmp_path):
         assert sorted(a) == sorted(b)
         for key in a:
             np.testing.assert_array_equal(a[key][()], b[key][()])
+
+
+def test_generation_names_its_folder_and_the_variable_that_moves_it(tmp_path, caplog):
+    import logging
+
+    out = tmp_path / "where"
+    with caplog.at_level(logging.WARNING):
+        embedded.generate_embedded_dataset(out, num_images=6, splits=(4, 1, 1), with_proposals=False,
+                                           with_entities=False)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert str(out) in said and "TF_TWOBRANCH_DATA" in said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # up to date: nothing to say
+        embedded.generate_embedded_dataset(out, num_images=6, splits=(4, 1, 1), with_proposals=False,
+                                           with_entities=False)
+    assert "generating" not in " ".join(r.getMessage() for r in caplog.records)

@@ -590,6 +590,7 @@ def generate_embedded_dataset(
         if existing is None and any(out_dir.iterdir()):
             raise ConfigError(f"dataset folder {out_dir} is not empty and has no {MANIFEST_NAME} from "
                               "tf_twobranch.data.embedded; refusing to overwrite it (choose another out_dir)")
+    _say_where(out_dir, parameters)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out_dir)
     partial = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{_PARTIAL_MARKER}{os.getpid()}-",
@@ -602,6 +603,18 @@ def generate_embedded_dataset(
         raise
     last_generation_timings = timings
     return out_dir
+
+
+def _say_where(out_dir: pathlib.Path, parameters: dict) -> None:
+    """Names the folder before writing a dataset there: with an editable install a script run
+    from anywhere writes into the installed checkout's data/ (a warning, so a plain script
+    without absl flags shows it too)."""
+    from absl import logging
+
+    chosen = ("$TF_TWOBRANCH_DATA" if os.environ.get("TF_TWOBRANCH_DATA")
+              else "set $TF_TWOBRANCH_DATA to choose another folder")
+    logging.warning("generating the embedded dataset (%d images, about a minute; once) into %s (%s)",
+                    parameters["num_images"], out_dir, chosen)
 
 
 def _move_into_place(partial: pathlib.Path, out_dir: pathlib.Path, parameters: dict) -> None:
