@@ -32,7 +32,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     d = dict(flag_values=fv)
     # Data and features.
     common.define_data_flags(fv, dataset_help="Dataset folder; empty: the embedded dataset.",
-                             caption_formats=["auto", "karpathy", "token", "coco", "precomp"])
+                             caption_formats=["auto", "karpathy", "token", "coco", "precomp"],
+                             limit_images=True)
     for split in ("train", "test"):
         flags.DEFINE_string(f"image_features_{split}", "", f"Precomputed {split} image features "
                             "(.npy/.mat/.h5, (N, D), one row per image in caption order).", **d)

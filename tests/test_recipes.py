@@ -174,3 +174,29 @@ def test_experiment_modules_are_thin():
     for path in modules:
         lines = len(path.read_text(encoding="utf-8").splitlines())
         assert lines < 300, (path.name, lines)
+
+
+@pytest.mark.parametrize("family,cls,per_image", [
+    ("fragment_embedding", "FragmentRecipe", 1), ("npair_localization", "NPairRecipe", 1),
+    ("two_branch_retrieval", "RetrievalRecipe", 5)])
+def test_smoke_caps_a_batch_with_the_images_it_is_drawn_from(family, cls, per_image):
+    """A batch of distinct images (captions) cannot exceed the smoke slice: the fragment and
+    N-pair flagfiles' batches of 100 and 64 failed against 40 training images."""
+    import importlib
+    module = {"FragmentRecipe": "fragment_embeddings", "NPairRecipe": "npair_localization",
+              "RetrievalRecipe": "two_branch_retrieval"}[cls]
+    recipe_cls = getattr(importlib.import_module(f"tf_twobranch.pipelines.{module}"), cls)
+    for batch_size in (recipe_cls().batch_size, 1000):
+        capped, _ = recipes.apply_smoke(recipe_cls(smoke=True, batch_size=batch_size), family)
+        assert capped.batch_size <= capped.max_train_images * per_image
+
+
+def test_smoke_trains_the_scene_cnn_briefly_for_every_family_that_has_one():
+    import importlib
+    for family, (module, cls) in {"two_branch_retrieval": ("two_branch_retrieval", "RetrievalRecipe"),
+                                  "two_branch_localization": ("two_branch_localization", "LocalizationRecipe"),
+                                  "fragment_embedding": ("fragment_embeddings", "FragmentRecipe"),
+                                  "npair_localization": ("npair_localization", "NPairRecipe")}.items():
+        recipe_cls = getattr(importlib.import_module(f"tf_twobranch.pipelines.{module}"), cls)
+        capped, _ = recipes.apply_smoke(recipe_cls(smoke=True), family)
+        assert capped.scene_cnn_epochs == 1 and capped.max_train_images, family

@@ -154,32 +154,36 @@ def prepare_recipe(recipe: R, typed: Mapping[str, Any], profile: Mapping[str, An
 # Caps per family: a row with --smoke trains at most this long on at most this much data.
 # Fields whose 0 means "all" (max_*_images, max_proposals) get the cap when 0.
 SMOKE = {
-    # Two-branch image-sentence retrieval (image_sentence_retrieval, retrieval_table): one epoch
-    # (the features are those of the full dataset, computed once and cached).
-    "two_branch_retrieval": {"epochs": 1},
+    # Two-branch image-sentence retrieval (image_sentence_retrieval, retrieval_table): one epoch on
+    # a slice of the images, whose features (scene CNN of one epoch) are computed for the slice only.
+    "two_branch_retrieval": {"epochs": 1, "max_train_images": 200, "max_test_images": 100,
+                             "scene_cnn_epochs": 1, "batch_size": 100, "cca_components": 64},
     # Two-branch phrase localization: one epoch per stage, a slice of images and proposals.
     "two_branch_localization": {"epochs": 1, "constraint_epochs": 1, "hard_negative_epochs": 1,
-                                "max_train_images": 40, "max_test_images": 20, "max_proposals": 20},
+                                "max_train_images": 40, "max_test_images": 20, "max_proposals": 20,
+                                "scene_cnn_epochs": 1},
     # Dual-path CNN (instance_loss): one epoch per stage on 32 training images (= classes).
     "dual_path": {"stage1_epochs": 1, "stage2_epochs": 1, "max_train_images": 32,
                   "max_test_images": 50},
-    # Deep fragment embeddings (fragment_embeddings): one epoch of two steps.
+    # Deep fragment embeddings (fragment_embeddings): one epoch of two steps; the batch is capped
+    # with the images (a batch holds distinct images: 100 of 40 cannot be drawn).
     "fragment_embedding": {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40,
-                           "max_test_images": 20},
-    # N-pair localization (npair_localization): one epoch of two steps.
+                           "max_test_images": 20, "batch_size": 16, "scene_cnn_epochs": 1},
+    # N-pair localization (npair_localization): one epoch of two steps, batch capped as above.
     "npair_localization": {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40,
-                           "max_test_images": 20},
+                           "max_test_images": 20, "batch_size": 16, "scene_cnn_epochs": 1},
     # Text-only sentence retrieval baselines (sentence_retrieval_baselines): small encoders.
     "sentence_baselines": {"num_components": 4, "max_fit_words": 2000, "word_vector_dim": 32},
 }
 _ZERO_MEANS_ALL = ("max_train_images", "max_test_images", "max_proposals", "steps_per_epoch")
 
 SMOKE_HELP = ("Run the row in seconds (a check that it runs, not a result): caps its training "
-              "length and data per family — two-branch retrieval: --epochs=1; phrase "
+              "length and data per family (a scene CNN of one epoch on the slice) — two-branch "
+              "retrieval: --epochs=1, 200/100 images, batches of 100; phrase "
               "localization: --epochs, --constraint_epochs, --hard_negative_epochs at most 1, "
               "40/20 images, 20 proposals; dual path: --stage1_epochs=--stage2_epochs=1, 32 "
               "training images; fragment and N-pair: --epochs=1 --steps_per_epoch=2, 40/20 "
-              "images; sentence baselines: 4 mixture components, 2000 words, 32-d vectors "
+              "images, batches of at most 16; sentence baselines: 4 mixture components, 2000 words, 32-d vectors "
               "(tf_twobranch.recipes.SMOKE).")
 
 

@@ -14,7 +14,7 @@ from absl import logging
 from tf_twobranch import distribute, table_runner
 from tf_twobranch.baselines.cca import CCABaseline
 from tf_twobranch.data.formats import load_feature_matrix
-from tf_twobranch.data.from_flags import dataset_from_flags
+from tf_twobranch.data.from_flags import cut_splits, dataset_from_flags
 from tf_twobranch.data.retrieval_data import load_caption_splits, load_precomp_splits
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import retrieval
@@ -61,6 +61,8 @@ class RetrievalRecipe(RunRecipe):
     dataset_dir: str = ''
     caption_format: str = 'auto'
     images_dir: str = ''
+    max_train_images: int = 0
+    max_test_images: int = 0
     image_features_train: str = ''
     text_features_train: str = ''
     image_features_test: str = ''
@@ -165,6 +167,18 @@ def load_data(r):
         if any(flat) and not all(flat):
             raise UserInputError("give all four of --image_features_{train,test} and "
                                         "--text_features_{train,test}, or none")
+    limits = {"max_train_images": r.max_train_images, "max_test_images": r.max_test_images}
+    if any(limits.values()) and (all(given["image"]) or all(given["text"])):
+        # The user's own feature files hold every image's row: a slice would misalign them.
+        logging.warning("--max_train_images/--max_test_images are not applied: the feature files "
+                        "given hold every image of their split")
+    elif any(limits.values()):
+        cut = cut_splits(splits, tuple(splits), **limits)
+        if precomp:  # the precomp image rows follow the split's image order
+            image = {s: image[s][:cut[s].num_images] for s in cut}
+        splits = cut
+        logging.info("using the first %s training and %s test images",
+                     r.max_train_images or "all", r.max_test_images or "all")
     if all(given["image"]):
         image = {s: load_feature_matrix(getattr(r, f"image_features_{s}"), expected_rows=splits[s].num_images,
                                         dtype=r.feature_dtype, cache_dir=converted) for s in splits}
