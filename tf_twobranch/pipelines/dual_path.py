@@ -30,6 +30,7 @@ from tf_twobranch.export.dual_path import export_dual_path
 from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.scene_cnn import save_scene_cnn, train_scene_cnn
 from tf_twobranch.features.word_vectors import train_word_vectors
+from tf_twobranch.figures.titles import dual_path_stage_title
 from tf_twobranch.models.dual_path import (DualPathConfig, DualPathModel, retrieval_metrics,
                                            save_dual_path_config)
 from tf_twobranch.pipelines.shared import is_chief, run_record, setup_training, train_config, write_results
@@ -409,7 +410,8 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
                               vocabulary=train.vocabulary, stage=stage)
         stage_start = time.time()
         history = trainer.train(model, dataset, tcfg, stage_dir, steps_per_epoch=steps)
-        metrics = evaluate(r, model, split, evaluation, stage_dir, f"{row_name} - Stage {stage}")
+        title = dual_path_stage_title(row_name, stage, r.image_backbone, r.image_weights)
+        metrics = evaluate(r, model, split, evaluation, stage_dir, title)
         record["stages"].append({
             "stage": stage, "epochs": tcfg.epochs, "lambdas": list(lambdas[stage]),
             "history": {k: [float(x) for x in v] for k, v in history.history.items()},
