@@ -239,8 +239,7 @@ def run(f, flagfile: str | None = None) -> dict:
 
 
 def format_table(record: dict) -> str:
-    paper = common.paper_beside(record.get("paper"), record["paper_protocol"], record["protocol"],
-                                record["num_test_images"]) or []
+    paper = common.paper_beside_record(record) or []
     rows = [{"name": "Image-sentence model", "metrics": record["image_sentence"],
              "paper": paper[:6] if len(paper) >= 6 else None},
             {"name": f"Weighted distance (alpha={record['alpha']:g})", "metrics": record["weighted_distance"],
@@ -249,7 +248,7 @@ def format_table(record: dict) -> str:
         "Table 5", dataset=record["dataset_dir"], protocol=record["protocol"],
         num_images=record["num_test_images"], num_captions=record["num_test_captions"],
         paper=record.get("paper"), paper_dataset=record["paper_dataset"],
-        paper_protocol=record["paper_protocol"])
+        paper_protocol=record["paper_protocol"], smoke=common.is_smoke(record))
     return common.format_retrieval_table(title, rows, chance=record["random_baseline"])
 
 

@@ -22,8 +22,8 @@ from tf_twobranch.recipes import SMOKE_HELP, from_flags, prepare_recipe, smoke_o
 from tf_twobranch.recipes import define_smoke_flag  # noqa: F401  (--smoke: one definition for every experiment)
 from tf_twobranch.table_runner import resolve_config, slug  # noqa: F401
 from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table,  # noqa: F401
-                                 groups_by_test_split, paper_beside, paper_numbers, resolve_protocol,
-                                 split_record, table_title)
+                                 SMOKE_LINE, groups_by_test_split, is_smoke, paper_beside, paper_beside_record,
+                                 paper_numbers, resolve_protocol, split_record, table_title)
 
 REPO_ROOT = table_runner.REPO_ROOT
 CONFIG_DIR = table_runner.CONFIG_DIR

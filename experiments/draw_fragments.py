@@ -1,6 +1,6 @@
 r"""Fragment alignment pictures of a deep-fragment-embedding row (Karpathy et al., NIPS 2014, Figs. 4-5).
 
-For each chosen evaluation image, one PNG: the image (upscaled) with, for
+For each chosen evaluation image, one PNG (``<out_dir>/fragments_<image id>.png``): the image (upscaled) with, for
 every sentence fragment of one of its sentences (``--sentence``), the image
 fragment that scores highest with it (vᵢᵀsⱼ) boxed in the fragment's colour,
 and a legend listing the triplets with their scores (``amod(seven, red)
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 from typing import Sequence
 
 import numpy as np
@@ -33,6 +32,7 @@ from absl import app, flags, logging
 
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.figures import figure_path, wrote_message
 from tf_twobranch.evaluation.fragment_alignment import (RankedSentence, best_image_fragments,
                                                         draw_fragment_alignment, triplet_label)
 from tf_twobranch.run_folders import require_run_task
@@ -68,10 +68,6 @@ def _chosen_images(image_ids: Sequence[str], image_indices: Sequence[int] | None
             raise UserInputError(f"image index {n} is out of range: the row's {split} split has "
                                  f"{len(image_ids)} images (indices 0..{len(image_ids) - 1})")
     return indices
-
-
-def _file_name(image_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(image_id)) + ".png"
 
 
 def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -166,14 +162,15 @@ def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         whose = "top retrieved" if aligned not in own else f"sentence {list(own).index(aligned)}"
         title = f"{split} image {image_id} ({n}), {whose}: \"{corpus.captions[aligned]}\""
         written.append(draw_fragment_alignment(pixels, boxes, labels, best, best_scores,
-                                               out_dir / _file_name(image_id), title=title, sentences=ranked))
+                                               figure_path(out_dir, "draw_fragments", image_id),
+                                               title=title, sentences=ranked))
         logging.info("Wrote %s", written[-1])
     return written
 
 
 def define_flags() -> None:
     flags.DEFINE_string("run_dir", None, "Run folder of a finished experiments.fragment_embeddings row.")
-    flags.DEFINE_string("out_dir", None, "Where the PNGs go (one per image, <image id>.png).")
+    flags.DEFINE_string("out_dir", None, "Where the PNGs go (one per image, fragments_<image id>.png).")
     flags.DEFINE_list("image_index", None, "Positions of the images in the row's evaluation split "
                       "(default: 0).")
     flags.DEFINE_list("image_id", None, "Image ids of the row's evaluation split (instead of --image_index).")
@@ -202,7 +199,7 @@ def _main() -> None:
     paths = draw_fragments(FLAGS.run_dir, FLAGS.out_dir, image_indices=_image_indices(FLAGS.image_index),
                            image_ids=FLAGS.image_id, sentence=FLAGS.sentence, top_sentences=FLAGS.top_sentences,
                            align_top_sentence=FLAGS.align_top_sentence, proposals=FLAGS.proposals)
-    print(f"Wrote {len(paths)} pictures to {FLAGS.out_dir}")
+    print(wrote_message(paths, FLAGS.out_dir))
 
 
 main = absl_main(_main)

@@ -3,9 +3,10 @@ r"""Heat-map pictures of an N-pair localization row (Das et al., Figs. 1, 3 and 
 For each chosen evaluation image and one of its Flickr30K Entities sentences
 (``--sentence``), one PNG: the image, then for every annotated phrase its
 heat map (word mode: the mean of its words' maps; phrase mode: the map of one
-token from the mean of its word vectors) over the image, the maximum the
-pointing game reads (a cross) and the phrase's ground-truth boxes (green when
-the maximum falls inside one, red otherwise).
+token from the mean of its word vectors) over the image with its colour bar,
+the maximum the pointing game reads (a cross, drawn wholly inside the image)
+and the phrase's ground-truth boxes (green when the maximum falls inside one,
+red otherwise): ``<out_dir>/heat_maps_<image id>_s<sentence>_<mode>.png``.
 
 The row is rebuilt from its run folder alone (`tf_twobranch.runs.load_run`:
 its results.json recipe, the cached backbone maps and the checkpoint)::
@@ -21,6 +22,7 @@ from absl import app, flags
 
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.figures import figure_path, wrote_message
 from tf_twobranch.run_folders import require_run_task
 
 FLAGS = flags.FLAGS
@@ -29,7 +31,8 @@ FLAGS = flags.FLAGS
 def define_flags(fv: flags.FlagValues = FLAGS) -> None:
     d = dict(flag_values=fv)
     flags.DEFINE_string("run_dir", "", "Run folder of a finished model row of experiments.npair_localization.", **d)
-    flags.DEFINE_string("out_dir", "figures", "Where the PNGs go.", **d)
+    flags.DEFINE_string("out_dir", "figures", "Where the PNGs go (heat_maps_<image id>_s<sentence>_<mode>.png).",
+                       **d)
     flags.DEFINE_list("image_index", ["0"], "Indices of the evaluation images to draw.", **d)
     flags.DEFINE_integer("sentence", 0, "Which of the image's Entities sentences.", lower_bound=0, **d)
     flags.DEFINE_enum("parse_mode", "word", ["word", "phrase"], "Heat map of a phrase.", **d)
@@ -45,6 +48,7 @@ def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "
     # TensorFlow only now: --help stays fast.
     from tf_twobranch.data.formats.images import load_image
     from tf_twobranch.evaluation import localization_maps
+    from tf_twobranch.figures.heat_maps import draw_phrase_heat_maps
     from tf_twobranch.pipelines.npair_localization import dataset_layout, run_recipe
     from tf_twobranch.runs import load_run
 
@@ -71,8 +75,9 @@ def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "
         heat = localization_maps.query_heat_maps(run.model, {image_id: image_maps[index - first]}, queries,
                                                  split.vocabulary, mode=parse_mode, max_words=split.max_words)
         path = layout.image_paths([image_id])[0]
-        out.append(localization_maps.draw_phrase_heat_maps(
-            load_image(path), queries, heat, pathlib.Path(out_dir) / f"{image_id}_s{sentence}_{parse_mode}.png",
+        out.append(draw_phrase_heat_maps(
+            load_image(path), queries, heat,
+            figure_path(out_dir, "draw_heat_maps", image_id, f"_s{sentence}_{parse_mode}"),
             title=" ".join(queries[0].caption_words)))
     return out
 
@@ -84,8 +89,10 @@ def _main() -> None:
         indices = [int(i) for i in FLAGS.image_index]
     except ValueError:
         raise UserInputError(f"--image_index takes integers, got {FLAGS.image_index}") from None
-    for path in draw(FLAGS.run_dir, FLAGS.out_dir, indices, FLAGS.sentence, FLAGS.parse_mode):
+    paths = draw(FLAGS.run_dir, FLAGS.out_dir, indices, FLAGS.sentence, FLAGS.parse_mode)
+    for path in paths:
         print(path)
+    print(wrote_message(paths, FLAGS.out_dir))
 
 
 main = absl_main(_main)

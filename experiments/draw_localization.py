@@ -1,6 +1,6 @@
 r"""Fig. 2-style phrase localization pictures (TPAMI 2018, Fig. 2).
 
-For each chosen test image, one PNG: for every caption (one row each), the
+For each chosen test image, one PNG (``<out_dir>/region_phrase_<image id>.png``): for every caption (one row each), the
 left panel shows each phrase's best-scoring proposal and the right panel the
 phrase's ground-truth box(es), in matching colours; the caption is written
 underneath with every localized phrase in the colour of its boxes.
@@ -35,6 +35,7 @@ from absl import app, flags
 
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.figures import wrote_message
 from tf_twobranch.figures.localization import (  # noqa: F401  (re-exported)
     PHRASE_COLOURS, Scorer, draw_image_figure, draw_localization, python_scorer,  # noqa: F401
     saved_model_scorer)
@@ -48,7 +49,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     flags.DEFINE_string("data_dir", None, "Flickr30K Entities-layout folder; default: the embedded dataset.")
-    flags.DEFINE_string("out_dir", None, "Where the PNGs go (one per image).")
+    flags.DEFINE_string("out_dir", None, "Where the PNGs go (one per image, region_phrase_<image id>.png).")
     flags.DEFINE_string("saved_model", None, "Region-phrase SavedModel (export_region_phrase_model).")
     flags.DEFINE_string("run_dir", None, "Trained run directory (alternative to --saved_model).")
     flags.DEFINE_string("backbone", None, "With --run_dir: backbone name (see build_backbone); "
@@ -112,7 +113,7 @@ def _main() -> None:
                                   proposals_path=FLAGS.proposals, max_captions=FLAGS.max_captions)
     except UserInputError as err:
         raise app.UsageError(str(err)) from None
-    print(f"Wrote {len(paths)} pictures to {FLAGS.out_dir}")
+    print(wrote_message(paths, FLAGS.out_dir))
 
 
 main = absl_main(_main)

@@ -49,12 +49,11 @@ def format_rows(title: str, rows: list[dict], chance: dict | None = None) -> str
 
 def format_record(record: dict) -> str:
     """One row beside the paper's numbers (when measured under the same protocol) and chance."""
-    paper = common.paper_beside(record["paper"], record["paper_protocol"], record["protocol"],
-                                record["num_eval_images"])
+    paper = common.paper_beside_record(record)
     title = common.table_title(record["row"], protocol=record["protocol"],
                                num_images=record["num_eval_images"], num_captions=record["num_eval_captions"],
                                paper=record["paper"], paper_dataset=record["paper_dataset"],
-                               paper_protocol=record["paper_protocol"])
+                               paper_protocol=record["paper_protocol"], smoke=common.is_smoke(record))
     return format_rows(title, [{"name": record["row"], "metrics": record["metrics"], "paper": paper}],
                        chance=record.get("random_baseline"))
 
@@ -85,8 +84,7 @@ def _entry(record: dict, run_dir: pathlib.Path) -> dict:
     paper = record["paper"]
     return {"name": record["row"], "metrics": record["metrics"], "paper": paper,
             "paper_dataset": record["paper_dataset"], "paper_protocol": record["paper_protocol"],
-            "paper_beside": common.paper_beside(paper, record["paper_protocol"], record["protocol"],
-                                                record["num_eval_images"]),
+            "paper_beside": common.paper_beside_record(record), "smoke": common.is_smoke(record),
             **{k: record[k] for k in ("protocol", "test_split_fingerprint", "num_eval_images",
                                       "num_eval_captions", "random_baseline", "seconds")},
             "run_dir": str(run_dir)}
@@ -132,7 +130,8 @@ def run_rows(f, argv, define_flags: Callable[[flags.FlagValues], None],
                 f"Karpathy et al. Table {table} rows", dataset=records[0]["dataset"],
                 protocol=first["protocol"], num_images=first["num_eval_images"],
                 num_captions=first["num_eval_captions"], paper=any(r["paper"] for r in group),
-                paper_dataset=dataset, paper_protocol=first["paper_protocol"])
+                paper_dataset=dataset, paper_protocol=first["paper_protocol"],
+                smoke=any(common.is_smoke(r) for r in group))
             texts.append(format_rows(title, [{**r, "paper": r["paper_beside"]} for r in group],
                                      chance=first["random_baseline"]))
         if texts:

@@ -119,6 +119,77 @@ def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f)
     return {"record": record, "cost": cost.as_dict(), "reused": False}
 
 
+def _max_proposals(system_runs: dict) -> int | None:
+    """How many proposals per image the box rankers' region runs ranked (their recorded flags)."""
+    for runs in system_runs.values():
+        for entry in runs:
+            record = (entry.get("grounding") or {}).get("record") or {}
+            if (record.get("flags") or {}).get("max_proposals"):
+                return int(record["flags"]["max_proposals"])
+    return None
+
+
+def grounding_baselines(f, board: dict, system_runs: dict) -> dict:
+    """The random-point, centre and random-proposal baselines on the dataset's test phrases, when
+    they are the table's (`lb.grounding_baselines` checks the phrase fingerprint)."""
+    if not board["phrases"].get("phrase_fingerprint"):
+        return {"not_computed": "no grounding cell in the table"}
+    from tf_twobranch.data.formats.proposals import read_proposals
+    from tf_twobranch.data.from_flags import dataset_folder
+    from tf_twobranch.data.layout import resolve_dataset
+    from tf_twobranch.evaluation.pointing_game import pointing_queries
+
+    try:
+        layout = resolve_dataset(dataset_folder(f.dataset_dir or None))
+        layout.require("entities", purpose="the grounding baselines")
+        ids = layout.split_ids("test")
+        queries = pointing_queries(layout.entities_dir, ids)
+        proposals = read_proposals(layout.proposals, ids) if layout.has("proposals") else None
+    except UserInputError as err:
+        return {"not_computed": str(err)}
+    return lb.grounding_baselines(queries, board["phrases"], proposals, _max_proposals(system_runs))
+
+
+def planned_runs(f, base: pathlib.Path) -> list[tuple]:
+    """(system key or sibling key, run, seed, run folder) of every run this invocation needs."""
+    seeds = range(f.seeds)
+    planned = []
+    for system in lb.SYSTEMS:
+        if system.key in f.systems:
+            for seed in seeds:
+                folder = base / f"seed{seed}" / system.key
+                planned.append((system.key, system.retrieval, seed, folder / "retrieval"))
+                if system.grounding and f.grounding:
+                    planned.append((system.key, system.grounding, seed, folder / "grounding"))
+    for key in (lb.siblings_needed(f.systems) if f.orderings else []):
+        planned += [(key, lb.SIBLINGS[key], seed, base / f"seed{seed}" / "siblings" / key) for seed in seeds]
+    return planned
+
+
+def print_estimate(f, base: pathlib.Path) -> None:
+    """Up front, like the main job: the runs to train, the reused ones, the expected time."""
+    planned = planned_runs(f, base)
+    to_train = []
+    for key, run, seed, folder in planned:
+        arguments = lb.run_arguments(run, embedded=not f.dataset_dir and f.reduced_epochs,
+                                     dataset_dir=f.dataset_dir, seed=seed, run_dir=folder)
+        marker = lb.finished_run(folder, arguments) if f.skip_existing else None
+        if marker is None and not f.reuse_only:
+            to_train.append((key, run))
+    reused = len(planned) - len(to_train)
+    if not to_train:
+        print(f"Estimated time: seconds ({len(planned)} runs, every one reused or skipped).", flush=True)
+        return
+    if f.dataset_dir:
+        print(f"Estimated time: depends on your dataset's size ({len(to_train)} runs to train, "
+              f"{reused} reused).", flush=True)
+        return
+    low = lb.estimate_seconds([run for _, run in to_train]) / 60
+    print(f"Estimated time on this machine: {low:.0f}–{low * lb.ESTIMATE_SPREAD:.0f} min for "
+          f"{len(to_train)} runs to train ({reused} reused; the first run of a seed also computes its "
+          "features).", flush=True)
+
+
 def run_leaderboard(f) -> dict:
     """Runs (or reuses) every selected system for every seed; returns the leaderboard and its files."""
     unknown = sorted(set(f.systems) - set(lb.SYSTEM_KEYS))
@@ -130,6 +201,7 @@ def run_leaderboard(f) -> dict:
     runs_dir = pathlib.Path(f.runs_dir) if f.runs_dir else common.REPO_ROOT / "runs" / "leaderboard"
     base = runs_dir / dataset_tag(f.dataset_dir)
     seeds = list(range(f.seeds))
+    print_estimate(f, base)
     system_runs: dict[str, list[dict]] = {}
     for system in lb.SYSTEMS:
         if system.key not in f.systems:
@@ -151,12 +223,14 @@ def run_leaderboard(f) -> dict:
         sibling_runs[key] = [{"retrieval": run_one(sibling, run, seed, base / f"seed{seed}" / "siblings" / key, f)}
                              for seed in seeds]
     board = lb.assemble(system_runs)
+    board["grounding_baselines"] = grounding_baselines(f, board, system_runs)
     board["orderings"] = lb.check_orderings({**system_runs, **sibling_runs}) if f.orderings else []
     dataset = f.dataset_dir or "the embedded data"
     footer = [f"runs: {base}; wall time of this invocation {time.time() - start:.0f} s "
-              f"({sum(r['reused'] for r in board['rows'])} of {len(board['rows'])} systems reused)"]
-    if not f.dataset_dir and f.reduced_epochs:
-        footer.insert(0, lb.reduced_epochs_note() + "; every other run: its experiment's embedded profile")
+              f"({lb.run_counts(board)})"]
+    note = lb.reduced_epochs_note(f.systems) if not f.dataset_dir and f.reduced_epochs else ""
+    if note:
+        footer.insert(0, note + "; every other run: its experiment's embedded profile")
     table = lb.format_table(board, dataset=dataset, seeds=seeds, footer=footer)
     if board["orderings"]:
         table += "\n\n" + lb.format_orderings(board["orderings"])

@@ -57,7 +57,7 @@ def format_table1(rows: list[dict], dataset: str) -> str:
             "Das et al. Table 1 analogue: retrieval", dataset=dataset, protocol=first["protocol"],
             num_images=first["num_eval_images"], num_captions=first["num_eval_captions"],
             paper=any(r.get("paper") for r in group), paper_dataset=first["paper_dataset"],
-            paper_protocol=first["paper_protocol"])
+            paper_protocol=first["paper_protocol"], smoke=any(common.is_smoke(r) for r in group))
         lines = [title, f"{'':{width}} | {'Image-to-Caption':^21} | {'Caption-to-Image':^21} |",
                  f"{'Model':{width}} | {head} | {head} |", "-" * (width + 50)]
 
@@ -71,7 +71,7 @@ def format_table1(rows: list[dict], dataset: str) -> str:
             lines.append(line(r["name"], [m[k] for k in keys]))
             if "rsum_fold_std" in m:
                 lines.append(line(f"  ± std over {m['num_folds']} folds", [m[f"{k}_fold_std"] for k in keys]))
-            paper = common.paper_beside(r.get("paper"), r["paper_protocol"], r["protocol"], r["num_eval_images"])
+            paper = common.paper_beside_record(r, num_test_images=r["num_eval_images"])
             if paper and len(paper) == 6:
                 lines.append(line(f"  (paper: {r['paper_dataset']})", paper))
         lines.append(line(common.CHANCE_ROW, [first["random_baseline"][k] for k in keys]))

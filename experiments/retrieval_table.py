@@ -123,10 +123,9 @@ def format_table(records: list[dict], table: str) -> str:
             f"Table {table}-style bi-directional retrieval", dataset=first["dataset_dir"],
             protocol=first["protocol"], num_images=first["num_test_images"],
             num_captions=first["num_test_captions"], paper=any(r["paper"] for r in group),
-            paper_dataset=first["paper_dataset"], paper_protocol=first["paper_protocol"])
-        rows = [{"name": r["row"], "metrics": r["metrics"],
-                 "paper": common.paper_beside(r["paper"], r["paper_protocol"], r["protocol"],
-                                              r["num_test_images"])} for r in group]
+            paper_dataset=first["paper_dataset"], paper_protocol=first["paper_protocol"],
+            smoke=any(common.is_smoke(r) for r in group))
+        rows = [{"name": r["row"], "metrics": r["metrics"], "paper": common.paper_beside_record(r)} for r in group]
         notes = sorted({r["protocol_note"] for r in group if r.get("protocol_note")})
         tables.append("\n".join([common.format_retrieval_table(title, rows, chance=first["random_baseline"]),
                                   *(f"note: {n}" for n in notes)]))

@@ -48,7 +48,7 @@ def test_writes_one_png_per_image(dataset, exported, tmp_path):
     paths = draw_localization(dataset, tmp_path / "fig2", saved_model_scorer(exported), num_images=2,
                               max_captions=3)
     test_ids = read_split_file(dataset / "test.txt")[:2]
-    assert [p.name for p in paths] == [f"{i}.png" for i in test_ids]
+    assert [p.name for p in paths] == [f"region_phrase_{i}.png" for i in test_ids]   # named by tool
     for path in paths:
         with Image.open(path) as picture:
             assert picture.format == "PNG"
@@ -64,7 +64,7 @@ def test_writes_one_png_per_image(dataset, exported, tmp_path):
 def test_explicit_ids_and_bad_inputs(dataset, exported, tmp_path):
     image_id = read_split_file(dataset / "test.txt")[3]
     paths = draw_localization(dataset, tmp_path, saved_model_scorer(exported), image_ids=[image_id])
-    assert [p.name for p in paths] == [f"{image_id}.png"]
+    assert [p.name for p in paths] == [f"region_phrase_{image_id}.png"]
     with pytest.raises(DataFormatError, match="saved_model.pb"):
         saved_model_scorer(tmp_path)
     with pytest.raises(DataFormatError):

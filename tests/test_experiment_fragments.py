@@ -198,6 +198,7 @@ def test_draw_fragments_writes_the_alignment_picture_of_a_test_image(mil_run, tm
     _, run_dir = mil_run
     paths = draw_fragments.draw_fragments(run_dir, tmp_path / "figures", image_indices=[1], top_sentences=3)
     assert len(paths) == 1 and paths[0].parent == tmp_path / "figures"
+    assert paths[0].name.startswith("fragments_")                 # named by tool: no overwriting
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[0].stat().st_size > 10_000
     pixels = np.asarray(Image.open(paths[0]).convert("RGB"))
     assert pixels.shape[0] >= 384 and pixels.shape[1] >= 384   # the 96×96 scene upscaled

@@ -100,7 +100,7 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     assert set(orderings) == {o.claim for o in lb.ORDERINGS}
     for claim, o in orderings.items():
         assert len(o["seeds"]) == 1 and not o["notes"], (claim, o["notes"])
-        assert o["verdict"].startswith("one seed: spread unknown")
+        assert o["verdict"] == lb.ONE_SEED_VERDICT and "holds" not in o["verdict"]
     assert "Paper orderings on this data" in table and lb.ORDERING_RULE in table
     assert saved["orderings"] == board["orderings"]
     assert f"grounding phrases: {phrases['num_phrases']} (phrase fingerprint {phrases['phrase_fingerprint']})" in table
@@ -258,3 +258,118 @@ def test_siblings_are_run_only_for_the_selected_systems():
     assert lb.siblings_needed(lb.SYSTEM_KEYS) == ["b5", "fragment_global", "triplet", "centre"]
     assert lb.siblings_needed(["cca", "embedding"]) == ["b5"]
     assert lb.siblings_needed(["random", "dual_path"]) == []
+
+
+# ---------------------------------------------------------------------------- issue 39 item 8
+
+
+def test_reuse_only_labels_a_system_that_never_ran_as_missing():
+    reused = {"retrieval": {"record": _record("sha256:a", 90.0), "cost": {"params": 1, "train_s": 1.0,
+                                                                        "eval_s": 1.0}, "reused": True}}
+    board = lb.assemble({"cca": [{"retrieval": {"error": "not run yet (--reuse_only): table2_a1, seed 0"},
+                                  "grounding": {"error": "not run yet (--reuse_only): table1_a_cca, seed 0"}}],
+                         "embedding": [reused]})
+    rows = {r["key"]: r for r in board["rows"]}
+    assert rows["cca"]["missing"] and not rows["cca"]["reused"]
+    assert rows["embedding"]["reused"] and not rows["embedding"]["missing"]
+    table = lb.format_table(board, dataset="d", seeds=[0])
+    assert "CCA (FV HGLMM) (missing)" in table and "CCA (FV HGLMM) (reused)" not in table
+    assert "Two-branch embedding network (full model) (reused)" in table
+    assert lb.run_counts(board) == "1 of 2 systems reused, 1 missing (never ran)"
+    trained = lb.assemble({"cca": [_run(_record("sha256:a", 90.0))], "embedding": [reused]})
+    assert lb.run_counts(trained) == "1 of 2 systems reused, 1 trained"
+
+
+def test_the_reduced_epochs_footnote_only_when_the_dual_path_runs():
+    assert lb.reduced_epochs_note(["cca", "embedding"]) == ""
+    assert "dual_path: --stage1_epochs=60" in lb.reduced_epochs_note(["cca", "dual_path"])
+
+
+def test_one_seed_never_says_an_ordering_holds():
+    o = lb.Ordering("e", "p", lb.Side("b6", "embedding"), lb.Side("b5", "b5"))
+    row = lb.check_orderings({"embedding": [_entry(100.8)], "b5": [_entry(100.0)]}, [o])[0]
+    assert row["verdict"] == lb.ONE_SEED_VERDICT and "holds" not in row["verdict"] and not row["beyond_spread"]
+    assert "holds" not in lb.format_orderings([row]).splitlines()[1]   # the line of the ordering
+
+
+def _board_of_1000_images():
+    record = {**_record("sha256:a", 60.0), "num_test_images": 1000, "num_test_captions": 5000}
+    return lb.assemble({"random": [_run(record)], "cca": [_run(record)], "npair": [{"retrieval": {"error": "x"}}]})
+
+
+def test_the_chance_row_is_the_expected_value_of_random_ranking():
+    board = _board_of_1000_images()
+    chance = board["chance"]
+    assert round(chance["i2t_r5"], 1) == 0.5 and round(chance["i2t_r10"], 1) == 1.0     # not one draw
+    assert chance["t2i_r1"] == pytest.approx(0.1) and chance["t2i_medr"] == 500
+    table = lb.format_table(board, dataset="d", seeds=[0])
+    chance_row = next(line for line in table.splitlines() if line.startswith(lb.CHANCE_NAME + " "))
+    assert " 0.5 " in chance_row and " 1.0 " in chance_row and " 500 " in chance_row
+    assert "expected value of random ranking" in table
+
+
+def _queries():
+    from tf_twobranch.evaluation.pointing_game import PointingQuery
+    return [PointingQuery(image_id=str(i), sentence_index=0, phrase_index=0, caption_words=["x"], word_span=(0, 1),
+                          phrase="x", boxes=np.array([[0, 0, 9, 9]], np.float32), image_width=20, image_height=20)
+            for i in range(4)]
+
+
+def test_grounding_has_a_chance_row_and_a_centre_baseline_row():
+    from tf_twobranch.data.phrases import phrase_fingerprint
+
+    queries = _queries()
+    phrases = {"phrase_fingerprint": phrase_fingerprint(queries), "num_phrases": 4}
+    proposals = {str(i): np.array([[0, 0, 9, 9], [10, 10, 19, 19]], np.float32) for i in range(4)}
+    baselines = lb.grounding_baselines(queries, phrases, proposals, max_proposals=2)
+    assert baselines["random_point"] == pytest.approx(25.0) and baselines["centre_point"] == 100.0
+    assert baselines["random_box_r1"] == pytest.approx(50.0)
+    other = lb.grounding_baselines(queries[:3], phrases)
+    assert "not the table's" in other["not_computed"]
+    board = _board_of_1000_images()
+    board["grounding_baselines"] = baselines
+    table = lb.format_table(board, dataset="d", seeds=[0])
+    chance_row = next(line for line in table.splitlines() if line.startswith(lb.CHANCE_NAME + " "))
+    centre_row = next(line for line in table.splitlines() if line.startswith(lb.CENTRE_NAME))
+    assert "25.0" in chance_row and "50.0" in chance_row and "100.0" in centre_row
+
+
+def _figure(board, tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    lb.write_figure(tmp_path / "leaderboard.png", board, "title")
+    return figures[-1]
+
+
+def test_the_png_one_seed_no_error_bars_na_marked_axis_labels_legend_beside(tmp_path, monkeypatch):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.container import ErrorbarContainer
+
+    board = _board_of_1000_images()
+    fig = _figure(board, tmp_path, monkeypatch)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for ax in fig.axes:
+        assert ax.get_ylabel()
+        assert not any(isinstance(c, ErrorbarContainer) for c in ax.containers)   # one seed: no error bars
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert legend.x0 >= ax.get_window_extent(renderer).x1 - 1     # beside the bars, not on them
+    na = [t for ax in fig.axes for t in ax.texts if t.get_text() == "n/a"]
+    assert len(na) == 1 + 3 + 3      # npair's rsum (unavailable); pointing and box R@1 of all three
+    assert any(p.get_hatch() for ax in fig.axes for p in ax.patches)
+    # Two seeds: error bars.
+    two = lb.assemble({"cca": [_run(_record("sha256:a", 60.0)), _run(_record("sha256:a", 70.0))]})
+    fig = _figure(two, tmp_path, monkeypatch)
+    assert any(isinstance(c, ErrorbarContainer) for c in fig.axes[0].containers)
+
+
+def test_the_estimate_is_printed_up_front(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(lb, "estimate_seconds", lambda runs: 60.0 * len(runs))
+    exp.print_estimate(_flags("--systems=cca,dual_path", "--seeds=2", f"--runs_dir={tmp_path}"), tmp_path)
+    out = capsys.readouterr().out
+    # cca: retrieval + grounding, dual path: retrieval (no ordering has both sides here); two seeds.
+    assert "Estimated time on this machine: 6–8 min for 6 runs to train (0 reused" in out

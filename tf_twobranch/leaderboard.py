@@ -49,6 +49,8 @@ GROUNDING_RULE = (
     "over the phrase's dependency triplets of v_i.s_j; a phrase without a triplet is a miss, counted); "
     "'box R@1' = the top-ranked box has IoU >= 0.5 with the phrase's box (evaluation/phrase_localization.py), "
     "for the systems that rank boxes (the proposals; the fragment model's 20 image-fragment boxes)")
+CHANCE_NAME = "Chance (expected)"
+CENTRE_NAME = "Centre of the image (baseline)"
 # The sidecar a finished leaderboard run leaves beside its results.json.
 MARKER = "leaderboard_row.json"
 
@@ -172,9 +174,10 @@ ORDERINGS: tuple[Ordering, ...] = (
     *(Ordering(f"{key} beats random ranking", "every paper", Side(key, key), Side("random", "random"))
       for key in ("cca", "embedding", "similarity", "dual_path", "fragments", "npair")),
 )
+ONE_SEED_VERDICT = "one seed: not tested (the rule needs >= 2 seeds)"
 ORDERING_RULE = ("an ordering holds beyond the seed spread when the paired difference (better - worse, "
                  "same seed) is positive on every seed and its mean exceeds twice its standard deviation "
-                 "over seeds; with one seed the spread is unknown")
+                 "over seeds; with one seed it is not tested")
 
 
 def siblings_needed(systems: Sequence[str]) -> list[str]:
@@ -241,7 +244,8 @@ def check_orderings(entries: dict[str, list[dict]], orderings: Sequence[Ordering
         if summary is None:
             verdict = "not measured (" + "; ".join(notes) + ")"
         elif summary["n"] == 1:
-            verdict = "one seed: spread unknown" + (" (holds)" if values[0] > 0 else " (reversed)")
+            # The rule needs the spread over seeds: one seed can neither confirm nor refute it.
+            verdict = ONE_SEED_VERDICT
         elif all(v > 0 for v in values) and summary["mean"] > 2 * summary["std"]:
             verdict = "yes"
         elif all(v > 0 for v in values):
@@ -272,14 +276,41 @@ def format_orderings(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def reduced_epochs_note() -> str:
-    """The footer line stating what the embedded data's leaderboard shortens."""
-    parts = [f"{s.key}: {' '.join(s.retrieval.embedded_flags)}" for s in SYSTEMS if s.retrieval.embedded_flags]
+def reduced_epochs_note(systems: Sequence[str] = SYSTEM_KEYS) -> str:
+    """The footer line stating what the embedded data's leaderboard shortens for `systems` ('' when
+    none of them is shortened)."""
+    parts = [f"{s.key}: {' '.join(s.retrieval.embedded_flags)}" for s in SYSTEMS
+             if s.retrieval.embedded_flags and s.key in systems]
     return ("reduced epochs on the embedded data (beyond each experiment's embedded profile): "
             + "; ".join(parts)) if parts else ""
 
 
 # ---------------------------------------------------------------------------- cost
+
+# Seconds of each run on the embedded data (features of its seed included) on the machine of
+# BUILD_NOTES.md's leaderboard runs (sessions 12 and 14: the shared 2-core Xeon, loaded, so upper
+# bounds; one seed of the seven systems took 2,273 s), by flagfile; "run" for any other. Scaled by
+# this machine's matmul probe as the main job's estimate is (experiments/retrieval_table.py).
+REFERENCE_RUN_SECONDS = {
+    "karpathy_table3_random_ranking": 60, "table2_a1_cca_fv_hglmm": 150, "table1_a_cca": 200,
+    "table2_b6_nonlinear_bidir_nbr_constraints": 150, "table1_b6_nonlinear_augm_pos_bidir_nbr_constraints": 200,
+    "table2_d_similarity": 180, "table1_c4_similarity_nonlinear_augm_pos": 200,
+    "zheng_table1_resnet50_stage2": 500, "karpathy_table3_fragment_global_mil": 350,
+    "das_table2_npair_word": 150, "table2_b5_nonlinear_bidir_nbr_sampling": 150,
+    "karpathy_table3_fragment_global": 300, "das_table2_triplet": 150, "das_table2_centre": 40, "run": 200}
+REFERENCE_GFLOPS = 190.0
+FASTEST_FACTOR = 0.85
+ESTIMATE_SPREAD = 1.3
+
+
+def estimate_seconds(runs: Sequence[Run]) -> float:
+    """The expected wall time of training `runs` on this machine (embedded data)."""
+    from tf_twobranch.speed import best_matmul_seconds
+
+    total = sum(REFERENCE_RUN_SECONDS.get(run.flagfile, REFERENCE_RUN_SECONDS["run"]) for run in runs)
+    gflops = 2 * 1024 ** 3 / best_matmul_seconds(1024, 1024, 1024, warmups=3, repeats=8) / 1e9
+    return total * max(REFERENCE_GFLOPS / max(gflops, 1e-3), FASTEST_FACTOR)
+
 
 
 @dataclasses.dataclass
@@ -426,6 +457,40 @@ def chance_cells(record: dict) -> dict:
     return {k: float(chance[k]) for k in RETRIEVAL_KEYS if k in chance}
 
 
+def expected_chance(split: dict) -> dict:
+    """The expected cells of random ranking on the table's split (`evaluation.chance`: analytic,
+    not one draw), its captions spread as evenly as the totals allow; {} when the split is unknown."""
+    from tf_twobranch.evaluation import chance
+
+    if not split.get("num_test_images") or not split.get("num_test_captions") or not split.get("protocol"):
+        return {}
+    counts = chance.even_caption_counts(int(split["num_test_images"]), int(split["num_test_captions"]))
+    return chance.expected_random_metrics(counts, split["protocol"])
+
+
+def grounding_baselines(queries: Sequence, phrases: dict, proposals: dict | None = None,
+                        max_proposals: int | None = None) -> dict:
+    """The grounding baselines on the table's phrases: the expected pointing accuracy of a random
+    pixel, the accuracy of the image's centre, and (with the proposals the box rankers rank) the
+    expected box R@1 of a random one of each image's first `max_proposals` proposals. Computed only
+    when `queries` are the table's phrases (same phrase fingerprint), else {"not_computed": why}."""
+    from tf_twobranch.data.phrases import phrase_fingerprint
+    from tf_twobranch.evaluation import chance
+
+    if not phrases.get("phrase_fingerprint"):
+        return {"not_computed": "no grounding cell in the table"}
+    fingerprint = phrase_fingerprint(queries)
+    if fingerprint != phrases["phrase_fingerprint"]:
+        return {"not_computed": f"the dataset's test phrases ({fingerprint}, {len(queries)}) are not the "
+                                f"table's ({phrases['phrase_fingerprint']}, {phrases.get('num_phrases')})"}
+    out = {"random_point": chance.random_point_accuracy(queries), "centre_point": chance.centre_point_accuracy(queries),
+           "num_phrases": len(queries)}
+    if proposals is not None:
+        out["random_box_r1"] = chance.random_box_r1(queries, proposals, max_proposals)
+        out["max_proposals"] = max_proposals
+    return out
+
+
 def summarize(values: Sequence[float | None]) -> dict | None:
     """Mean and sample standard deviation (ddof 1; 0 for one seed) of the seeds' values."""
     vals = [float(v) for v in values if v is not None]
@@ -487,10 +552,13 @@ def assemble(system_runs: dict[str, list[dict]]) -> dict:
         runs = system_runs.get(system.key)
         if runs is None:
             continue
+        # A system is missing when no seed has a retrieval record (e.g. --reuse_only before it ran),
+        # reused when every run that gave a record was a finished run reused.
+        ran = [run for e in runs for run in (e.get("retrieval"), e.get("grounding")) if run and "record" in run]
+        missing = not any("record" in (e.get("retrieval") or {}) for e in runs)
         row = {"key": system.key, "name": system.name, "family": system.family,
                "flagfile": system.retrieval.flagfile, "seeds": len(runs), "cells": {}, "notes": [],
-               "reused": all((run or {}).get("reused", True) for e in runs
-                             for run in (e.get("retrieval"), e.get("grounding")))}
+               "missing": missing, "reused": not missing and all(run.get("reused") is True for run in ran)}
         errors = [e["retrieval"]["error"] for e in runs if "error" in (e.get("retrieval") or {})]
         records = [e["retrieval"]["record"] for e in runs if "record" in (e.get("retrieval") or {})]
         if errors:
@@ -543,7 +611,8 @@ def assemble(system_runs: dict[str, list[dict]]) -> dict:
     split = {"protocol": reference[0], "test_split_fingerprint": reference[1],
              "num_test_images": first.get("num_test_images"), "num_test_captions": first.get("num_test_captions")}
     phrases = {"phrase_fingerprint": reference_phrases[0], "num_phrases": reference_phrases[1]}
-    return {"rows": rows, "split": split, "apart": apart, "phrases": phrases, "grounding_apart": grounding_apart}
+    return {"rows": rows, "split": split, "apart": apart, "phrases": phrases, "grounding_apart": grounding_apart,
+            "chance": expected_chance(split)}
 
 
 # ---------------------------------------------------------------------------- output
@@ -566,8 +635,8 @@ def format_table(board: dict, *, dataset: str, seeds: Sequence[int], footer: Seq
     """The one table: retrieval both ways, rsum, grounding, cost; footnotes for every '–'."""
     split = board["split"]
     keys = [*RETRIEVAL_KEYS, *GROUNDING_KEYS, *COST_KEYS]
-    table = [[r["name"] + (" (reused)" if r["reused"] else "")] + [_cell(r["cells"].get(k), k) for k in keys]
-             for r in board["rows"]]
+    table = [[r["name"] + (" (missing)" if r.get("missing") else " (reused)" if r["reused"] else "")]
+             + [_cell(r["cells"].get(k), k) for k in keys] for r in board["rows"]]
     notes: list[str] = []
 
     def mark(row_index: int, columns: Sequence[str], reason: str) -> None:
@@ -586,6 +655,17 @@ def format_table(board: dict, *, dataset: str, seeds: Sequence[int], footer: Seq
             mark(i, ["box_r1"], "heat-map systems rank no boxes: no R@1 at IoU 0.5")
         if r["cells"].get("params") is None and not r.get("unavailable"):
             mark(i, ["params", "train_s", "eval_s"], f"{r['name']}: nothing is trained")
+    chance = board.get("chance") or {}
+    baselines = board.get("grounding_baselines") or {}
+    if chance or "random_point" in baselines:
+        box = baselines.get("random_box_r1")
+        table.append([CHANCE_NAME] + [f"{chance[k]:.{0 if k.endswith('medr') else 1}f}" if k in chance else ""
+                                      for k in RETRIEVAL_KEYS]
+                     + [f"{baselines['random_point']:.1f}" if "random_point" in baselines else "",
+                        "" if box is None else f"{box:.1f}"] + [""] * len(COST_KEYS))
+    if "centre_point" in baselines:
+        table.append([CENTRE_NAME] + [""] * len(RETRIEVAL_KEYS) + [f"{baselines['centre_point']:.1f}", ""]
+                     + [""] * len(COST_KEYS))
     header = ["System"] + [COLUMNS[k] for k in keys]
     widths = [max(len(str(row[c])) for row in [header, *table]) for c in range(len(header))]
     line = lambda cells: " | ".join(f"{c:<{widths[0]}}" if j == 0 else f"{c:>{widths[j]}}"  # noqa: E731
@@ -593,12 +673,19 @@ def format_table(board: dict, *, dataset: str, seeds: Sequence[int], footer: Seq
     title = (f"Leaderboard on {dataset}: test split {split['test_split_fingerprint']} "
              f"({split['num_test_images']} images, {split['num_test_captions']} captions), protocol "
              f"{split['protocol']}; mean ± std over seeds {list(seeds)}")
-    out = [title, "=" * len(line(header)), line(header), "-" * len(line(header)), *map(line, table),
-           "-" * len(line(header))]
-    chance = next((r["chance"] for r in board["rows"] if r.get("chance")), {})
+    systems = len(board["rows"])
+    out = [title, "=" * len(line(header)), line(header), "-" * len(line(header)), *map(line, table[:systems]),
+           "-" * len(line(header)), *map(line, table[systems:])]
     if chance:
-        out.append("chance (random embeddings, same split and protocol): " +
-                   ", ".join(f"{COLUMNS[k]} {chance[k]:.1f}" for k in RETRIEVAL_KEYS if k in chance))
+        out.append(f"{CHANCE_NAME}: retrieval cells = the expected value of random ranking on this split and "
+                   f"protocol (evaluation/chance.py, analytic, not one draw)" +
+                   (f"; point % = the expected accuracy of a random pixel, box R@1 = of a random one of each "
+                    f"image's first {baselines.get('max_proposals') or 'all'} proposals"
+                    if "random_point" in baselines else ""))
+    if "centre_point" in baselines:
+        out.append(f"{CENTRE_NAME}: the pointing game of the image's centre pixel on the same phrases")
+    elif baselines.get("not_computed"):
+        out.append(f"grounding baselines not computed: {baselines['not_computed']}")
     phrases = board.get("phrases") or {}
     out.append(GROUNDING_RULE + ".")
     out.append(f"grounding phrases: {phrases.get('num_phrases')} (phrase fingerprint "
@@ -617,6 +704,17 @@ def format_table(board: dict, *, dataset: str, seeds: Sequence[int], footer: Seq
                    f"{a['num_phrases']} phrases ({a['phrase_fingerprint']}), point % {a['pointing']:.1f}{box}")
     out += list(footer)
     return "\n".join(out)
+
+
+def run_counts(board: dict) -> str:
+    """How many of the table's systems were reused, trained and missing (never ran)."""
+    rows = board["rows"]
+    missing = sum(bool(r.get("missing")) for r in rows)
+    reused = sum(bool(r["reused"]) for r in rows)
+    text = f"{reused} of {len(rows)} systems reused"
+    if len(rows) - reused - missing:
+        text += f", {len(rows) - reused - missing} trained"
+    return text + (f", {missing} missing (never ran)" if missing else "")
 
 
 def write_csv(path: pathlib.Path, board: dict) -> pathlib.Path:
@@ -642,31 +740,55 @@ def write_csv(path: pathlib.Path, board: dict) -> pathlib.Path:
 
 
 def write_figure(path: pathlib.Path, board: dict, title: str) -> pathlib.Path:
-    """rsum and grounding accuracy per system, the seeds' standard deviation as error bars."""
+    """rsum and grounding accuracy per system: the seeds' standard deviation as error bars (only
+    with >= 2 seeds), a missing cell hatched and marked "n/a" (never an empty bar that reads as 0),
+    chance and the grounding baselines as dashed lines, axis labels, legends beside the axes."""
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     rows = board["rows"]
     names = [r["key"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
 
-    def bars(ax, key, offset, width, label):
-        mean = [(r["cells"].get(key) or {}).get("mean", np.nan) for r in rows]
-        std = [(r["cells"].get(key) or {}).get("std", 0.0) for r in rows]
-        ax.bar(np.arange(len(rows)) + offset, np.nan_to_num(mean), width, yerr=std, capsize=3, label=label)
+    def bars(ax, key, offset, width, label, colour, top):
+        cells = [r["cells"].get(key) for r in rows]
+        x = np.arange(len(rows)) + offset
+        present = [i for i, c in enumerate(cells) if c is not None]
+        if present:
+            spread = any(cells[i]["n"] > 1 for i in present)
+            ax.bar(x[present], [cells[i]["mean"] for i in present], width, color=colour, label=label,
+                   yerr=[cells[i]["std"] for i in present] if spread else None, capsize=3)
+        missing = [i for i, c in enumerate(cells) if c is None]
+        if missing:
+            ax.bar(x[missing], [0.03 * top] * len(missing), width, color="none", edgecolor=colour,
+                   hatch="///", label=f"{label}: n/a")
+            for i in missing:
+                ax.text(x[i], 0.04 * top, "n/a", ha="center", va="bottom", fontsize=7, color="dimgrey",
+                        rotation=90, gid="not_available")
+        ax.set_ylim(0, top)
 
-    bars(axes[0], "rsum", 0.0, 0.6, "rsum")
-    chance = next((r["chance"].get("rsum") for r in rows if r.get("chance")), None)
+    chance = (board.get("chance") or {}).get("rsum")
+    rsums = [c["mean"] + c["std"] for c in (r["cells"].get("rsum") for r in rows) if c is not None]
+    bars(axes[0], "rsum", 0.0, 0.6, "rsum", "tab:blue", 1.15 * max(rsums + [chance or 0.0, 10.0]))
     if chance is not None:
-        axes[0].axhline(chance, color="grey", linestyle="--", label="chance")
+        axes[0].axhline(chance, color="grey", linestyle="--", label=f"chance (expected) {chance:.1f}")
     axes[0].set_title("retrieval rsum (R@1+5+10 both ways)")
-    bars(axes[1], "pointing", -0.2, 0.4, "pointing game %")
-    bars(axes[1], "box_r1", 0.2, 0.4, "box R@1 (IoU ≥ 0.5) %")
+    axes[0].set_ylabel("rsum (sum of six recalls, %)")
+    bars(axes[1], "pointing", -0.2, 0.4, "pointing game %", "tab:orange", 100.0)
+    bars(axes[1], "box_r1", 0.2, 0.4, "box R@1 (IoU ≥ 0.5) %", "tab:green", 100.0)
+    baselines = board.get("grounding_baselines") or {}
+    for key, label, style in (("random_point", "random point", ":"), ("centre_point", "image centre", "--"),
+                              ("random_box_r1", "random proposal (box R@1)", "-.")):
+        if baselines.get(key) is not None:
+            axes[1].axhline(baselines[key], color="grey", linestyle=style, label=f"{label} {baselines[key]:.1f}")
     axes[1].set_title("grounding on the same Entities test phrases")
+    axes[1].set_ylabel("accuracy (%)")
+    seeds = max([(r["cells"].get("rsum") or {}).get("n", 0) for r in rows] + [0])
     for ax in axes:
         ax.set_xticks(np.arange(len(rows)), names, rotation=30, ha="right")
-        ax.legend(fontsize=8)
+        ax.set_xlabel("system" + (f" (error bars: std over {seeds} seeds)" if seeds > 1 else " (one seed)"))
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -59,11 +59,45 @@ def split_record(protocol_entries: dict, corpus) -> dict:
             "num_test_images": corpus.num_images, "num_test_captions": corpus.num_captions}
 
 
-def paper_beside(paper, paper_protocol: str, protocol: str, num_test_images: int):
-    """The paper's numbers if they were measured like this result, else None."""
-    if paper and retrieval.protocols_agree(protocol, num_test_images, paper_protocol):
-        return paper
-    return None
+SMOKE_LINE = "smoke run: not a result"
+
+# The test-split size of the papers' datasets whose protocol ("full": one gallery of the whole
+# test split) does not fix it: a result on another size is not put beside their numbers.
+PAPER_TEST_IMAGES = {"CUHK-PEDES": 1000, "Flickr30K Entities": 1000}
+
+
+def is_smoke(record: dict) -> bool:
+    """Whether a results record is of a --smoke run (a check that the row runs, not a result)."""
+    return bool((record.get("flags") or {}).get("smoke") or record.get("smoke"))
+
+
+def paper_beside(paper, paper_protocol: str, protocol: str, num_test_images: int, *, smoke: bool = False,
+                 paper_dataset: str = ""):
+    """The paper's numbers if they were measured like this result (the same protocol on a test
+    split of the same size), else None; never beside a --smoke run."""
+    if not paper or smoke or not retrieval.protocols_agree(protocol, num_test_images, paper_protocol):
+        return None
+    size = PAPER_TEST_IMAGES.get(paper_dataset)
+    if size is not None and retrieval.protocol_spec(paper_protocol).required_images is None and \
+            num_test_images != size:
+        return None
+    return paper
+
+
+def paper_beside_record(record: dict, paper=None, *, num_test_images: int | None = None):
+    """`paper_beside` of a results record (its paper numbers unless `paper` is given)."""
+    size = num_test_images or record.get("num_test_images") or record.get("num_eval_images")
+    return paper_beside(record.get("paper") if paper is None else paper, record.get("paper_protocol") or "",
+                        record.get("protocol") or "", size, smoke=is_smoke(record),
+                        paper_dataset=record.get("paper_dataset") or "")
+
+
+def localization_paper_beside(record: dict):
+    """The paper's phrase-localization R@K beside a record only when it is not a --smoke run and
+    was measured on the whole Flickr30K Entities test split (1,000 images), as the paper's were."""
+    if is_smoke(record) or record.get("num_test_images") != PAPER_TEST_IMAGES["Flickr30K Entities"]:
+        return None
+    return record.get("paper")
 
 
 def groups_by_test_split(records: list[dict]) -> list[list[dict]]:
@@ -77,19 +111,23 @@ def groups_by_test_split(records: list[dict]) -> list[list[dict]]:
 
 def table_title(what: str, *, protocol: str, num_images: int, num_captions: int,
                 paper=None, paper_dataset: str = "", paper_protocol: str = "",
-                dataset: str = "") -> str:
+                dataset: str = "", smoke: bool = False) -> str:
     """A table's title: what it shows, its protocol and test-split size, and whose numbers
-    the '(paper)' rows are (or why the paper's numbers are not shown)."""
+    the '(paper)' rows are (or why the paper's numbers are not shown); a --smoke run's title
+    ends with the line `SMOKE_LINE`."""
     on = f" on {dataset}" if dataset else ""
     title = (f"{what}{on}; {retrieval.describe_protocol(protocol, num_images)}, "
              f"{num_captions} captions")
     if paper:
         source = f"{paper_dataset or 'the paper'}, protocol {paper_protocol or 'not declared'}"
-        if paper_beside(paper, paper_protocol, protocol, num_images):
+        if smoke:
+            title += f"; the paper's numbers ({source}) are not shown beside a --smoke run"
+        elif paper_beside(paper, paper_protocol, protocol, num_images, paper_dataset=paper_dataset):
             title += f"; '(paper)' rows: {source}"
         else:
-            title += f"; the paper's numbers ({source}) are not shown beside a {protocol} result"
-    return title
+            title += (f"; the paper's numbers ({source}) are not shown beside a {protocol} result on "
+                      f"{num_images} test images")
+    return title + (f"\n{SMOKE_LINE}" if smoke else "")
 
 
 def format_cell(value, width: int = 8, digits: int = 1) -> str:

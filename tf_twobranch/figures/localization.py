@@ -26,6 +26,7 @@ from tf_twobranch.data.layout import PROPOSALS_FILE_NAME, resolve_dataset
 from tf_twobranch.data.phrases import phrase_examples_from_images
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.figures import figure_path
 from tf_twobranch.vectors import l2_normalize_rows
 
 # Distinct, saturated colours (matplotlib's tab10 without grey).
@@ -233,7 +234,7 @@ def draw_localization(data_dir, out_dir, scorer: Scorer, *, image_ids: Sequence[
                                 "pred_box": boxes[best[k]], "gt_boxes": example.gt_boxes})
                 k += 1
             captions.append({"words": sentence.words, "phrases": phrases})
-        written.append(draw_image_figure(pixels, captions, out_dir / f"{image.image_id}.png",
+        written.append(draw_image_figure(pixels, captions, figure_path(out_dir, "draw_localization", image.image_id),
                                          title=f"image {image.image_id}"))
         logging.info("Wrote %s", written[-1])
     return written

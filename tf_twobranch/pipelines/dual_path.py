@@ -30,13 +30,14 @@ from tf_twobranch.export.dual_path import export_dual_path
 from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.scene_cnn import save_scene_cnn, train_scene_cnn
 from tf_twobranch.features.word_vectors import train_word_vectors
+from tf_twobranch.figures.titles import dual_path_stage_title
 from tf_twobranch.models.dual_path import (DualPathConfig, DualPathModel, retrieval_metrics,
                                            save_dual_path_config)
 from tf_twobranch.pipelines.shared import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import RunRecipe, apply_profile, apply_smoke
 from tf_twobranch.runs import dual_path_test_split, record_dual_path_split
 from tf_twobranch.sampling import dual_path as dp
-from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table, paper_beside,
+from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table, is_smoke, paper_beside_record,
                                  paper_numbers, resolve_protocol, split_record, table_title)
 from tf_twobranch.training import trainer
 from tf_twobranch.training.in_place_sgd import InPlaceSGD
@@ -407,7 +408,8 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
                               vocabulary=train.vocabulary, stage=stage)
         stage_start = time.time()
         history = trainer.train(model, dataset, tcfg, stage_dir, steps_per_epoch=steps)
-        metrics = evaluate(r, model, split, evaluation, stage_dir, f"{row_name} - Stage {stage}")
+        title = dual_path_stage_title(row_name, stage, r.image_backbone, r.image_weights)
+        metrics = evaluate(r, model, split, evaluation, stage_dir, title)
         record["stages"].append({
             "stage": stage, "epochs": tcfg.epochs, "lambdas": list(lambdas[stage]),
             "history": {k: [float(x) for x in v] for k, v in history.history.items()},
@@ -424,24 +426,26 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
 
 
 def format_record(record: dict) -> str:
-    paper = paper_beside(record["paper"], record["paper_protocol"], record["protocol"],
-                                record["num_eval_images"])
+    paper = paper_beside_record(record, num_test_images=record["num_eval_images"])
+    smoke = is_smoke(record)
     if record["dataset_kind"] == "pedes":
         title = table_title(
             "Person search (text query)", protocol=record["protocol"], num_images=record["num_eval_images"],
             num_captions=record["num_eval_captions"], paper=record["paper"],
-            paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"])
-        lines = [title, f"{'Method':40} |   R@1    R@5   R@10  med r |     S"]
-        for st in record["stages"]:
+            paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"], smoke=smoke)
+        names = [f"{record['row']} - Stage {st['stage']}" for st in record["stages"]]
+        w = max([len(n) for n in names] + [len(CHANCE_ROW), 40])   # every row's cells in one column
+        lines = [title, f"{'Method':{w}} |   R@1    R@5   R@10  med r |     S"]
+        for name, st in zip(names, record["stages"]):
             m = st["metrics"]
-            lines.append(f"{record['row'] + ' - Stage ' + str(st['stage']):40} | "
+            lines.append(f"{name:{w}} | "
                          f"{m['t2i_r1']:5.1f}  {m['t2i_r5']:5.1f}  {m['t2i_r10']:5.1f}  "
                          f"{m['t2i_medr']:5.0f} | {m['separability_S']:.3f}")
         if paper:
-            lines.append(f"{'  (paper)':40} | " + "  ".join(format_cell(v, 5) for v in paper))
+            lines.append(f"{'  (paper)':{w}} | " + "  ".join(format_cell(v, 5) for v in paper))
         if record["stages"]:
             c = record["stages"][-1]["metrics"]["random_baseline"]
-            lines.append(f"{CHANCE_ROW:40} | {c['t2i_r1']:5.1f}  {c['t2i_r5']:5.1f}  "
+            lines.append(f"{CHANCE_ROW:{w}} | {c['t2i_r1']:5.1f}  {c['t2i_r5']:5.1f}  "
                          f"{c['t2i_r10']:5.1f}  {c['t2i_medr']:5.0f} |")
         return "\n".join(lines)
     rows = [{"name": f"{record['row']} - Stage {st['stage']}", "metrics": st["metrics"],
@@ -450,7 +454,8 @@ def format_record(record: dict) -> str:
     table = format_retrieval_table(
         table_title("Dual-path CNN", protocol=record["protocol"], num_images=record["num_eval_images"],
                            num_captions=record["num_eval_captions"], paper=record["paper"],
-                           paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"]),
+                           paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"],
+                           smoke=smoke),
         rows, chance=record["stages"][-1]["metrics"]["random_baseline"] if record["stages"] else None)
     s_values = ", ".join(f"Stage {st['stage']}: S = {st['metrics']['separability_S']:.4f}"
                          for st in record["stages"])

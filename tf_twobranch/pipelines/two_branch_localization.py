@@ -28,7 +28,7 @@ from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
 from tf_twobranch.pipelines.shared import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import RunRecipe, prepare_recipe
 from tf_twobranch.sampling import phrase_localization as sampling
-from tf_twobranch.tables import paper_numbers
+from tf_twobranch.tables import SMOKE_LINE, is_smoke, localization_paper_beside, paper_numbers
 from tf_twobranch.training import trainer
 from tf_twobranch.vectors import l2_normalize_rows
 
@@ -347,6 +347,8 @@ def format_localization_table(title: str, rows: list[dict], ks=(1, 5, 10)) -> st
                      + "".join(f"{m[f'r{k}']:7.2f}" for k in ks) + " |"
                      + "".join(f"{p:11.2f}" if p is not None else f"{'-':>11}" for p in paper[:len(ks)]))
     lines.append("-" * len(head))
+    if any(r.get("smoke") for r in rows):
+        lines.append(SMOKE_LINE)
     if rows:
         ub = rows[0]["metrics"].get("upper_bound")
         lines.append(f"Upper bound (a proposal with IoU >= 0.5 exists): {ub:.2f} "
@@ -369,8 +371,8 @@ def format_chance(record: dict) -> str:
 
 
 def table_row(record: dict) -> dict:
-    return {"name": record["row"], "metrics": record["metrics"], "paper": record["paper"],
-            "marks": record["marks"]}
+    return {"name": record["row"], "metrics": record["metrics"], "paper": localization_paper_beside(record),
+            "marks": record["marks"], "smoke": is_smoke(record)}
 
 
 _table_row = table_row

@@ -28,7 +28,7 @@ from tf_twobranch.pipelines.shared import is_chief, run_record, setup_training, 
 from tf_twobranch.recipes import RunRecipe, prepare_recipe
 from tf_twobranch.runs import record_feature_split
 from tf_twobranch.sampling import image_sentence as sampling
-from tf_twobranch.tables import (format_retrieval_table, paper_beside, paper_numbers,
+from tf_twobranch.tables import (format_retrieval_table, is_smoke, paper_beside_record, paper_numbers,
                                  resolve_protocol, split_record, table_title)
 from tf_twobranch.training import trainer
 
@@ -346,12 +346,11 @@ def run(r: RetrievalRecipe, typed: dict | None = None, flagfile: str | None = No
 
 def format_record(record: dict) -> str:
     """The row beside the paper's numbers (when measured under the same protocol) and chance."""
-    paper = paper_beside(record["paper"], record["paper_protocol"], record["protocol"],
-                                record["num_test_images"])
+    paper = paper_beside_record(record)
     title = table_title(
         "Image-sentence retrieval", protocol=record["protocol"], num_images=record["num_test_images"],
         num_captions=record["num_test_captions"], paper=record["paper"],
-        paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"])
+        paper_dataset=record["paper_dataset"], paper_protocol=record["paper_protocol"], smoke=is_smoke(record))
     table = format_retrieval_table(
         title, [{"name": record["row"], "metrics": record["metrics"], "paper": paper}],
         chance=record["random_baseline"])
