@@ -33,6 +33,8 @@ setup(
     # so only `test` has it; its range is tensorflow's, so it never moves tensorflow.
     extras_require={
         "parse": ["spacy>=3.7,<4"],
+        # A Linux machine with an NVIDIA GPU: TensorFlow's CUDA and cuDNN libraries from PyPI.
+        "gpu": ["tensorflow[and-cuda]>=2.18,<2.22"],
         "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "spacy>=3.7,<4",
                  "tensorflow-serving-api>=2.18,<2.22"],
     },
