@@ -200,3 +200,11 @@ def test_smoke_trains_the_scene_cnn_briefly_for_every_family_that_has_one():
         recipe_cls = getattr(importlib.import_module(f"tf_twobranch.pipelines.{module}"), cls)
         capped, _ = recipes.apply_smoke(recipe_cls(smoke=True), family)
         assert capped.scene_cnn_epochs == 1 and capped.max_train_images, family
+
+
+def test_npair_smoke_slice_holds_one_folds_of_100_gallery():
+    """`npair_localization --rows=all --smoke` failed: Table 1's rows (protocol folds_100, galleries
+    of 100 images) share the word-mode run, which could not score them on 20 test images."""
+    from tf_twobranch.pipelines.npair_localization import NPairRecipe
+    capped, _ = recipes.apply_smoke(NPairRecipe(smoke=True), "npair_localization")
+    assert capped.max_test_images >= 100
