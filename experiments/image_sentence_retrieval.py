@@ -97,7 +97,7 @@ def follow_up(record: dict) -> str:
     run_dir = record.get("run_dir", "")
     commands = []
     if record.get("export_dir"):
-        commands.append(f"saved_model_cli show --dir {record['export_dir']} --all")
+        commands.append(f"python -m tf_twobranch.tools.saved_model_cli show --dir {record['export_dir']} --all")
     return next_command(run_dir, *commands, load_run=record["flags"]["model"] != "cca")
 
 

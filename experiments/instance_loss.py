@@ -140,7 +140,7 @@ def follow_up(record: dict) -> str:
     """What to run next on the row's run folder (load_run loads its last stage)."""
     commands = []
     if record.get("export_dir"):
-        commands.append(f"saved_model_cli show --dir {record['export_dir']} --all")
+        commands.append(f"python -m tf_twobranch.tools.saved_model_cli show --dir {record['export_dir']} --all")
     return next_command(record["run_dir"], *commands, load_run=bool(record["stages"]))
 
 

@@ -104,16 +104,25 @@ def _dual_path(folder: pathlib.Path) -> pathlib.Path:
     return export_dual_path(model, DUAL_PATH_WORDS, folder / "export", gallery=gallery)
 
 
+# The fragment export's names: relations and words of the embedded data's parses, so that the
+# README's and docs/SERVING.md's requests (words the embedded vocabulary knows) run on it as on a run
+# of the README's commands.
+FRAGMENT_RELATIONS = ["det", "amod", "prep", "pobj", "nsubj"]
+FRAGMENT_WORDS = ["a", "red", "seven", "on", "grey", "background", "blue", "four", "the", "digit"]
+
+
 def _fragment(folder: pathlib.Path) -> pathlib.Path:
-    from tests.test_export_retrieval_fragment_npair import RELATIONS, WORDS, _fragment_model
     from tf_twobranch.export.fragment_embedding import export_fragment_model
     from tf_twobranch.export.retrieval import RetrievalGallery
     from tf_twobranch.features.prepare_fragments import fragment_cnn
     from tf_twobranch.features.scene_cnn import build_scene_cnn
+    from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
 
     _, extractor = build_scene_cnn(48, 10, feature_dim=8, widths=(4, 4, 8, 8))   # as the fragment tests'
     cnn = fragment_cnn(extractor, "scene_cnn", fine_tuned=False)
-    model = _fragment_model(int(cnn.output_shape[-1]))
+    config = FragmentEmbeddingConfig(image_dim=int(cnn.output_shape[-1]), num_relations=len(FRAGMENT_RELATIONS),
+                                     vocabulary_size=len(FRAGMENT_WORDS), word_dim=4, embed_dim=6, smoothing=2.0)
+    model = build_fragment_model(config, np.random.default_rng(1).normal(size=(len(FRAGMENT_WORDS), 4)))
     rng = np.random.default_rng(0)
     h = model.config.embed_dim
     image_mask = np.array([[True, True], [True, False], [True, True]])
@@ -121,8 +130,8 @@ def _fragment(folder: pathlib.Path) -> pathlib.Path:
     gallery = RetrievalGallery([f"img{i}" for i in range(3)], rng.normal(size=(3, 2, h)).astype(np.float32),
                                [f"cap{c}" for c in range(4)], rng.normal(size=(4, 3, h)).astype(np.float32),
                                image_mask=image_mask, caption_mask=caption_mask)
-    return export_fragment_model(model, folder / "export", relations=RELATIONS, words=WORDS, image_cnn=cnn,
-                                 gallery=gallery)
+    return export_fragment_model(model, folder / "export", relations=FRAGMENT_RELATIONS, words=FRAGMENT_WORDS,
+                                 image_cnn=cnn, gallery=gallery)
 
 
 def _npair(folder: pathlib.Path) -> pathlib.Path:

@@ -317,3 +317,31 @@ def test_saved_model_cli_show_and_run(feature_export, raw_input_export, lstm_exp
             "captions must be non-empty strings; got an empty or whitespace-only string at index] [1]",
             "image_jpeg: cannot decode image; expected JPEG or PNG bytes"]):
         assert rc != 0 and "InvalidArgumentError" in err and message in err, err[-2000:]
+
+
+@pytest.mark.parametrize("features,message", [
+    (np.zeros((6,), np.float32), r"image_features must have shape \(batch, 6\); got a tensor of rank\] \[1\] "
+                                 r"\[and shape\] \[6\]"),
+    (np.zeros((2, 5), np.float32), r"image_features must have shape \(batch, 6\); got shape\] \[2 5\]"),
+])
+def test_direct_calls_of_other_shapes_meet_the_graphs_checks(feature_export, features, message):
+    """The signature declares (None, 6); a client feeding it directly (TF Serving, ``loaded.signatures``)
+    is not held to that, and the graph's check names the shape (issue 39 item 6), not ``Invalid
+    reduction dimension``."""
+    _, path = feature_export
+    loaded = tf.saved_model.load(str(path))
+    with pytest.raises(IA, match=message):
+        loaded.signatures["embed_images"](image_features=tf.constant(features))
+
+
+def test_next_hints_name_the_saved_model_cli_wrapper():
+    """The experiments' "Next:" lines name the package's wrapper: the stock ``saved_model_cli show``
+    cannot load the tensorflow-text ops and prints "Concrete Functions: N/A" (issue 39)."""
+    from experiments import image_sentence_retrieval, instance_loss
+
+    hints = [image_sentence_retrieval.follow_up({"run_dir": "runs/a", "export_dir": "runs/a/export",
+                                                 "flags": {"model": "two_branch"}}),
+             instance_loss.follow_up({"run_dir": "runs/b", "export_dir": "runs/b/export", "stages": ["stage_1"]})]
+    for hint, run in zip(hints, "ab"):
+        assert f"python -m tf_twobranch.tools.saved_model_cli show --dir runs/{run}/export --all" in hint, hint
+        assert "\nsaved_model_cli" not in hint and not hint.startswith("saved_model_cli"), hint

@@ -320,3 +320,92 @@ def test_declared_sizes_refuse_a_wrong_rank_before_the_graph(exported):
     module = FragmentServingModule(_model(), RELATIONS, WORDS)
     with pytest.raises(IA, match=r"image_fragments must have shape \(batch, fragments, 6\)"):
         module._validate_image_fragments(tf.zeros((2, 6)))
+
+
+# ------------------------------------------------------------------ issue 39: edge cases a direct client meets
+
+@pytest.fixture(scope="module")
+def jpeg_export(tmp_path_factory):
+    """The tiny export with the CNN (JPEG bytes + boxes) and a gallery (tests/serving_exports.py)."""
+    from tests.serving_exports import shared_export
+    return tf.saved_model.load(str(shared_export("fragment", tmp_path_factory)))
+
+
+def test_whole_image_only_queries_take_boxes_of_no_slot(jpeg_export):
+    """Boxes shaped (B, 0, 4): fragment 0 (the whole image) alone, as with padded box slots and
+    num_boxes 0 (issue 39 item 6: it was `Reduction axis 0 is empty`)."""
+    from tests.serving_exports import jpeg
+    images = tf.constant([jpeg(1), jpeg(2, 30, 50)])
+    none = {"image_jpeg": images, "boxes": tf.zeros([2, 0, 4]), "num_boxes": tf.zeros([2], tf.int32)}
+    padded = dict(none, boxes=tf.zeros([2, 1, 4]))
+    got = jpeg_export.signatures["embed_images"](**none)
+    want = jpeg_export.signatures["embed_images"](**padded)
+    assert got["image_mask"].numpy().tolist() == [[True], [True]]
+    np.testing.assert_allclose(got["image_fragment_embedding"].numpy(),
+                               want["image_fragment_embedding"].numpy()[:, :1], atol=1e-6)
+    k = tf.constant(2)
+    got = jpeg_export.signatures["retrieve_captions"](**none, k=k)
+    want = jpeg_export.signatures["retrieve_captions"](**padded, k=k)
+    np.testing.assert_array_equal(got["caption_index"].numpy(), want["caption_index"].numpy())
+    np.testing.assert_allclose(got["scores"].numpy(), want["scores"].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("signature,inputs,message", [
+    ("embed_image_fragments", {"image_fragments": np.zeros((2, 6), np.float32)},
+     r"image_fragments must have shape \(batch, fragments, 6\); got shape\] \[2 6\]"),
+    ("embed_image_fragments", {"image_fragments": np.zeros((1, 2, 5), np.float32)},
+     r"image_fragments must have shape \(batch, fragments, 6\); got shape\] \[1 2 5\]"),
+    ("embed_sentence_fragments", {"relation": np.zeros((2,), np.int32), "word1": np.zeros((2,), np.int32),
+                                  "word2": np.zeros((2,), np.int32)},
+     r"relation must have shape \(batch, fragments\) of int32 ids; got shape\] \[2\]"),
+])
+def test_direct_calls_of_other_shapes_meet_the_graphs_checks(exported, signature, inputs, message):
+    """A client feeding a signature directly (TF Serving, ``loaded.signatures``) is not held to the
+    declared shapes: the graph's checks name what it got (issue 39 item 6)."""
+    _, _, loaded = exported
+    with pytest.raises(IA, match=message):
+        _call(loaded, signature, inputs)
+
+
+def test_direct_call_with_boxes_of_another_shape(jpeg_export):
+    from tests.serving_exports import jpeg
+    with pytest.raises(IA, match=r"boxes must have shape \(batch, boxes, 4\) as \[x1, y1, x2, y2\]; got shape\] "
+                                 r"\[2 3\]"):
+        jpeg_export.signatures["embed_images"](image_jpeg=tf.constant([jpeg(1), jpeg(2)]), boxes=tf.zeros([2, 3]),
+                                               num_boxes=tf.zeros([2], tf.int32))
+
+
+def test_run_config_holds_the_word_list(exported):
+    """docs/SERVING.md: the relation names and the words (id order) are in run_config.json too."""
+    _, export_dir, _ = exported
+    run_config = json.loads((export_dir / "assets.extra" / "run_config.json").read_text())
+    assert run_config["fragment_export"]["words"] == WORDS
+    assert run_config["fragment_export"]["relations"] == RELATIONS
+
+
+def test_saved_model_cli_wrapper_names_dropped_words_and_refusals_in_one_line(exported, tmp_path):
+    """The README's `embed_sentences` command on words the model does not know: the wrapper names the
+    dropped words on one note line, and a sentence left with nothing is one error line, exit status 2,
+    no traceback (issue 39 item 3)."""
+    from tests.forked_modules import run_modules
+    _, export_dir, _ = exported
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+
+    def command(exprs, out):
+        return ["tf_twobranch.tools.saved_model_cli", "run", "--dir", str(export_dir), "--tag_set", "serve",
+                "--signature_def", "embed_sentences", "--input_exprs", exprs, "--outdir", str(tmp_path / out)]
+
+    unknown, partly = run_modules([
+        command('relation=[["nsubj"]];word1=[["sleeps"]];word2=[["cat"]]', "unknown"),
+        command('relation=[["nsubj", "nsubj"]];word1=[["runs", "sleeps"]];word2=[["dog", "cat"]]', "partly")],
+        env=env)
+    assert unknown.returncode == 2, unknown.stderr[-2000:]
+    assert "Traceback" not in unknown.stderr
+    errors = [line for line in unknown.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "signature 'embed_sentences' refused the request" in errors[0]
+    assert "a sentence has no fragment the model knows" in errors[0]
+    assert "note: not in the model's vocabulary, dropped: cat, sleeps" in unknown.stderr
+    assert partly.returncode == 0, partly.stderr[-2000:]
+    assert "dropped: cat, sleeps" in partly.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "partly" / "sentence_mask.npy"), [[True, False]])

@@ -286,3 +286,21 @@ def test_incompatible_parts_are_config_errors(parts, tmp_path):
     with pytest.raises(ConfigError, match="box_convention"):
         export_region_phrase_model(_model("embedding", encoder.output_dim), backbone, encoder, tmp_path / "c",
                                    crop_size=CROP, box_convention="one_based")
+
+
+@pytest.mark.parametrize("image,proposals,message", [
+    (None, np.zeros((1, 3), np.float32),
+     r"proposals must have shape \(N, 4\) as \[x1, y1, x2, y2\]; got shape\] \[1 3\]"),
+    (None, np.array([0, 0, 8, 8], np.float32), r"proposals must have shape \(N, 4\) .*got shape\] \[4\]"),
+    ("batch", PROPOSALS,
+     r"image_jpeg must be one encoded image \(a scalar string, shape \(\)\); got a tensor of shape\] \[2\]"),
+])
+def test_direct_calls_of_other_shapes_meet_the_graphs_checks(exported, image, proposals, message):
+    """A client that feeds the signature itself (TF Serving's session, ``loaded.signatures[...]``) is not
+    held to the declared shapes: the graph's own checks name what it got (issue 39 item 6), not
+    ``ConcatOp`` / ``The second input must be a scalar``."""
+    _, _, loaded = exported
+    image = {None: _encode(_scene(1)), "batch": [_encode(_scene(1))] * 2}[image]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        loaded.signatures["score_proposals"](image_jpeg=tf.constant(image), proposals=tf.constant(proposals),
+                                             phrases=tf.constant(PHRASES))

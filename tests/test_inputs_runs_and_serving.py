@@ -151,7 +151,7 @@ def test_call_signature_checks_a_known_shape_and_casts_fitting_integers(saved_mo
     loaded = tf.saved_model.load(str(saved_model))
     assert int(call_signature(loaded, "words", word_ids=np.array([[1, 2], [3, 4]]))["total"]) == 10  # int64
     with pytest.raises(UserInputError, match=r"input 'word_ids': expected int32 of shape \(batch, 2\), "
-                                             r"got a int64 array of shape \(2, 3\)"):
+                                             r"got an int64 array of shape \(2, 3\)"):
         call_signature(loaded, "words", word_ids=np.ones((2, 3), np.int64))
     with pytest.raises(UserInputError, match=r"outside the int32 range"):
         call_signature(loaded, "words", word_ids=np.array([[1, 2 ** 40]]))

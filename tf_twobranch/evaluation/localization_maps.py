@@ -29,6 +29,7 @@ from tf_twobranch.data.formats.row_arrays import RowWriter, open_rows
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation import pointing_game
+from tf_twobranch.features.prepare_npair import kept_caption_words
 
 __all__ = ["PARSE_MODES", "MAP_CHUNK", "projected_maps", "EvaluationMaps", "evaluation_maps", "token_vector_rows", "RowsById",
            "query_heat_maps", "pointing_results", "baseline_points",
@@ -148,7 +149,7 @@ def _caption_inputs(query, index: dict, max_words: int, mode: str, word_matrix: 
         phrase = [np.mean(word_matrix[inside], axis=0)] if inside else []
         rows = [word_matrix[i] for i in before] + phrase + [word_matrix[i] for i in after]
         positions = [1 + len(before)] if inside else []
-    rows = rows[:max_words]
+    rows = kept_caption_words(rows, max_words)     # the one N-pair caption-length rule
     positions = [p for p in positions if p <= max_words]
     inputs = np.repeat(word_matrix[end][None, :], width, axis=0)
     inputs[0] = word_matrix[start]

@@ -133,31 +133,38 @@ def _lookup_table(keys: Sequence[str]) -> tf.lookup.StaticHashTable:
 
 
 def _first_index(condition):
-    """[row, column] of the first True of a (B, F) bool tensor ([0, 0] when none)."""
-    flat = tf.argmax(tf.cast(tf.reshape(condition, [-1]), tf.int32), output_type=tf.int32)
+    """[row, column] of the first True of a (B, F) bool tensor ([0, 0] when none, also when it is empty)."""
+    # A trailing False keeps the arg-max defined for an empty tensor (e.g. (B, 0) boxes).
+    flat = tf.argmax(tf.concat([tf.cast(tf.reshape(condition, [-1]), tf.int32), [0]], axis=0),
+                     output_type=tf.int32)
     columns = tf.maximum(tf.shape(condition)[1], 1)
     return tf.stack([flat // columns, flat % columns])
 
 
 def _first_true(condition):
-    """Index of the first True of a (B,) bool tensor (0 when none)."""
-    return tf.argmax(tf.cast(condition, tf.int32), output_type=tf.int32)
+    """Index of the first True of a (B,) bool tensor (0 when none, also when it is empty)."""
+    return tf.argmax(tf.concat([tf.cast(condition, tf.int32), [0]], axis=0), output_type=tf.int32)
 
 
 def _last_dim(t):
-    """The last dimension of `t`'s shape, -1 for a scalar (safe to compare at any rank)."""
-    return tf.concat([[-1], tf.shape(t)], axis=0)[-1]
+    """The last dimension of `t`'s shape as fed, -1 for a scalar (safe to compare at any rank)."""
+    return tf.concat([[-1], serving.fed_shape(t)], axis=0)[-1]
 
 
 def _rank2_like(t, reference):
-    """`t` reshaped to the (checked) (B, F) shape of `reference`, with a static rank of 2."""
-    shape = tf.shape(reference)
-    return tf.reshape(t, tf.stack([shape[0], shape[1]]))
+    """`t` reshaped to the (checked) (B, F) shape of `reference`, with a static rank of 2.
+
+    Called inside the checks' control dependencies: the fed shape (`serving.fed_shape`) carries
+    them to the reshape as data, which Grappler cannot drop as redundant."""
+    shape = serving.fed_shape(reference)
+    out = tf.reshape(t, tf.stack([shape[0], shape[1]]))
+    out.set_shape([None, None])
+    return out
 
 
 def _leading_shape(t):
-    """The first two dimensions of `t`'s shape, -1 for those it lacks (safe to compare at any rank)."""
-    return tf.concat([tf.shape(t), [-1, -1]], axis=0)[:2]
+    """The first two dimensions of `t`'s shape as fed, -1 for those it lacks (safe to compare at any rank)."""
+    return tf.concat([serving.fed_shape(t), [-1, -1]], axis=0)[:2]
 
 
 def _assert(condition, data):
@@ -335,18 +342,18 @@ class FragmentServingModule(tf.Module):
         """(B, M, image_dim) float32 with B >= 1 (finiteness: `_finite_where`)."""
         name, expected = "image_fragments", f"(batch, fragments, {self.image_dim})"
         x = tf.convert_to_tensor(x, tf.float32)
-        rank_check = _assert(tf.equal(tf.rank(x), 3),
-                             [f"{name} must have shape {expected}; got shape", tf.shape(x)])
-        with tf.control_dependencies([rank_check]):
-            checks = [
-                _assert(tf.equal(tf.shape(x)[-1], self.image_dim),
-                        [f"{name} must have shape {expected}; got shape", tf.shape(x)]),
-                _assert(tf.shape(x)[0] > 0, [f"{name} is empty; expected shape {expected} with batch >= 1"]),
-            ]
+        shape = serving.fed_shape(x)    # as fed: the declared (None, None, image_dim) folds tf.rank / tf.shape
+        rank_ok = tf.equal(tf.size(shape), 3)
+        ok = rank_ok & tf.equal(_last_dim(x), self.image_dim)
+        checks = [_assert(ok, [f"{name} must have shape {expected}; got shape", shape]),
+                  _assert(tf.logical_not(ok) | (serving.fed_dim(shape, 0) > 0),
+                          [f"{name} is empty; expected shape {expected} with batch >= 1"])]
+        # Another shape reads zeros (of its batch and fragments where it has them): only the checks fail.
+        leading = tf.where(rank_ok, tf.concat([shape, [1, 1]], axis=0)[:2], [1, 1])
+        x = serving.fed_or_stand_in(x, shape, ok, [None, None, self.image_dim],
+                                    lambda: tf.zeros(tf.concat([leading, [self.image_dim]], axis=0)))
         with tf.control_dependencies(checks):
-            x = tf.reshape(x, tf.stack([tf.shape(x)[0], tf.shape(x)[1], self.image_dim]))
-        x.set_shape([None, None, self.image_dim])
-        return x
+            return tf.identity(x)
 
     def _finite_where(self, x, mask):
         """`x` after checking its fragments are finite where `mask` (all: None); padded ones zeroed."""
@@ -367,10 +374,10 @@ class FragmentServingModule(tf.Module):
     def _validate_mask(mask, name, like, like_name):
         """A (B, F) bool mask with the shape of the first two dimensions of the (validated) `like`."""
         mask = tf.convert_to_tensor(mask, tf.bool)
-        check = _assert(tf.logical_and(tf.equal(tf.rank(mask), 2),
+        check = _assert(tf.logical_and(tf.equal(serving.fed_rank(mask), 2),
                                        tf.reduce_all(tf.equal(_leading_shape(mask), _leading_shape(like)))),
                         [f"{name} must have the shape of the first two dimensions of {like_name},",
-                         _leading_shape(like), "; got shape", tf.shape(mask)])
+                         _leading_shape(like), "; got shape", serving.fed_shape(mask)])
         with tf.control_dependencies([check]):
             mask = _rank2_like(mask, like)
         return mask
@@ -379,16 +386,18 @@ class FragmentServingModule(tf.Module):
     def _same_shape_checks(tensors, expected: str):
         """Rank 2 and batch >= 1 for the first of `tensors`, the same shape for the others."""
         first = tensors[0]
-        checks = [_assert(tf.equal(tf.rank(first), 2),
-                          [f"{ID_INPUTS[0]} must have shape {expected}; got shape", tf.shape(first)])]
+        first_shape = serving.fed_shape(first)
+        checks = [_assert(tf.equal(tf.size(first_shape), 2),
+                          [f"{ID_INPUTS[0]} must have shape {expected}; got shape", first_shape])]
         with tf.control_dependencies(checks):
-            checks.append(_assert(tf.shape(first)[0] > 0,
+            checks.append(_assert(first_shape[0] > 0,
                                   [f"{ID_INPUTS[0]} is empty; expected shape {expected} with batch >= 1"]))
         for name, t in zip(ID_INPUTS[1:], tensors[1:]):
             checks.append(_assert(
-                tf.logical_and(tf.equal(tf.rank(t), 2),
+                tf.logical_and(tf.equal(serving.fed_rank(t), 2),
                                tf.reduce_all(tf.equal(_leading_shape(t), _leading_shape(first)))),
-                [f"{name} must have the shape of {ID_INPUTS[0]},", tf.shape(first), "; got shape", tf.shape(t)]))
+                [f"{name} must have the shape of {ID_INPUTS[0]},", first_shape, "; got shape",
+                 serving.fed_shape(t)]))
         return checks
 
     def _validate_ids(self, relation, word1, word2, mask=None, mask_name="sentence_mask"):
@@ -504,12 +513,21 @@ class FragmentServingModule(tf.Module):
         boxes = tf.convert_to_tensor(boxes, tf.float32)
         num_boxes = tf.convert_to_tensor(num_boxes, tf.int32)
         expected = "(batch, boxes, 4) as [x1, y1, x2, y2]"
-        checks = [_assert(tf.logical_and(tf.equal(tf.rank(boxes), 3), tf.equal(_last_dim(boxes), 4)),
-                          [f"boxes must have shape {expected}; got shape", tf.shape(boxes)]),
-                  _assert(tf.equal(tf.rank(num_boxes), 1),
-                          ["num_boxes must have shape (batch,); got shape", tf.shape(num_boxes)])]
+        # Shapes as fed (serving.fed_shape): the declared (None, None, 4) / (None,) fold tf.rank and tf.shape.
+        boxes_shape, counts_shape = serving.fed_shape(boxes), serving.fed_shape(num_boxes)
+        checks = [_assert(tf.logical_and(tf.equal(tf.size(boxes_shape), 3), tf.equal(_last_dim(boxes), 4)),
+                          [f"boxes must have shape {expected}; got shape", boxes_shape]),
+                  _assert(tf.equal(tf.size(counts_shape), 1),
+                          ["num_boxes must have shape (batch,); got shape", counts_shape])]
+        # Another shape reads no boxes instead: only the checks above fail.
+        images = tf.size(jpeg)
+        shapes_ok = (tf.equal(tf.size(boxes_shape), 3) & tf.equal(_last_dim(boxes), 4)
+                     & tf.equal(tf.size(counts_shape), 1))
+        boxes = serving.fed_or_stand_in(boxes, boxes_shape, shapes_ok, [None, None, 4],
+                                        lambda: tf.zeros(tf.stack([images, 0, 4])))
+        num_boxes = serving.fed_or_stand_in(num_boxes, counts_shape, shapes_ok, [None],
+                                            lambda: tf.zeros([images], tf.int32))
         with tf.control_dependencies(checks):
-            images = tf.size(jpeg)
             checks.append(_assert(
                 tf.logical_and(tf.equal(tf.shape(boxes)[0], images), tf.equal(tf.shape(num_boxes)[0], images)),
                 ["image_jpeg, boxes and num_boxes must have the same batch size (boxes[b] and num_boxes[b] "
@@ -695,6 +713,7 @@ def export_fragment_model(model: FragmentEmbeddingModel, export_dir, *, relation
                                    gallery_block=gallery_block)
     config = dict(run_config) if run_config else {"model": model.config.to_dict()}
     config["fragment_export"] = {"relations": list(module.relation_names),
+                                 "words": list(module.word_names),
                                  "vocabulary_size": len(module.word_names),
                                  "signatures": sorted(module.signatures())}
     if image_cnn is not None:

@@ -94,16 +94,19 @@ def decode_image_exact(image_bytes):
 
 def _check_proposals(proposals, height, width, box_convention: str):
     """Asserts (N, 4), N >= 1, finite, non-empty boxes inside the image; returns the checks."""
-    rank_check = tf.debugging.assert_equal(
-        tf.rank(proposals), 2, message="proposals must have shape (N, 4) as [x1, y1, x2, y2]; got another rank")
-    with tf.control_dependencies([rank_check]):
-        shape = tf.shape(proposals)
-        checks = [
-            tf.debugging.assert_equal(shape[-1], 4, message="proposals must have shape (N, 4) as [x1, y1, x2, y2]"),
-            tf.debugging.assert_positive(shape[0], message="proposals is empty; expected at least one box"),
-        ]
+    # The shape as fed, not as declared (serving.fed_shape): a direct client may send any shape.
+    shape = serving.fed_shape(proposals)
+    rank_ok = tf.equal(tf.size(shape), 2)
+    width_ok = rank_ok & tf.equal(serving.fed_dim(shape, -1), 4)
+    checks = [
+        tf.debugging.Assert(width_ok, ["proposals must have shape (N, 4) as [x1, y1, x2, y2]; got shape", shape]),
+        tf.debugging.Assert(tf.logical_not(width_ok) | (serving.fed_dim(shape, 0) > 0),
+                            ["proposals is empty; expected at least one box"]),
+    ]
+    # Another shape reads one box inside any image instead: only the checks above fail.
+    proposals = serving.fed_or_stand_in(proposals, shape, width_ok & (serving.fed_dim(shape, 0) > 0), [None, 4],
+                                        lambda: tf.zeros([1, 4]))
     with tf.control_dependencies(checks):
-        proposals = tf.reshape(proposals, [-1, 4])
         checks.append(tf.debugging.assert_all_finite(proposals, "proposals contain NaN or inf coordinates"))
     x1, y1, x2, y2 = tf.unstack(proposals, axis=1)
     w, h = tf.cast(width, tf.float32), tf.cast(height, tf.float32)
@@ -223,12 +226,13 @@ class RegionPhraseServingModule(tf.Module):
         return tf.reshape(features, [-1, dim])[:n]
 
     def _regions(self, image_jpeg, proposals):
+        shape = serving.fed_shape(image_jpeg)
         scalar_check = tf.debugging.Assert(
-            tf.equal(tf.rank(image_jpeg), 0),
-            ["image_jpeg must be one encoded image (a scalar string, shape ()); got a tensor of shape",
-             tf.shape(image_jpeg)])
-        with tf.control_dependencies([scalar_check]):
-            image_jpeg = tf.reshape(image_jpeg, [])
+            tf.equal(tf.size(shape), 0),
+            ["image_jpeg must be one encoded image (a scalar string, shape ()); got a tensor of shape", shape])
+        # Several images: the first stands in (one whose boxes fit), so only the check above fails.
+        image_jpeg = serving.fed_or_stand_in(image_jpeg, shape, tf.equal(tf.size(shape), 0), [],
+                                             lambda: tf.concat([tf.reshape(image_jpeg, [-1]), [""]], axis=0)[0])
         image = decode_image_exact(image_jpeg)
         boxes, checks = _check_proposals(proposals, tf.shape(image)[0], tf.shape(image)[1], self.box_convention)
         with tf.control_dependencies(checks):

@@ -28,11 +28,13 @@ backbone's square input S (aspect ratio not kept, nothing cropped) by
 that the backbone maps were computed from (an S×S image is not changed).
 
 Captions: encoded as `tf_twobranch.features.prepare_npair.encode_token_lists`
-does: tokenized in the graph (`TokenCoder`, the tokens of
-`tokenize_caption`), words outside the vocabulary DROPPED, ids
-``<start> words <end>`` padded with ``<end>`` to ``max_tokens`` (=
-max_words + 2). Training clips nothing it scores silently, so a request
-does not either: a caption with more than max_words known words is rejected.
+does for evaluation: tokenized in the graph (`TokenCoder`, the tokens of
+`tokenize_caption`), words outside the vocabulary DROPPED (the ``tokens``
+output shows the words kept), then the first max_words known words kept
+(`tf_twobranch.features.prepare_npair.kept_caption_words`, the one
+caption-length rule of evaluation and the export: a longer caption is
+clipped, not refused), ids ``<start> words <end>`` padded with ``<end>``
+to ``max_tokens`` (= max_words + 2).
 
 Retrieval (exported with ``gallery=``, `npair_gallery` /
 `tf_twobranch.export.retrieval.gallery_from_model`): ``retrieve_captions``
@@ -44,15 +46,14 @@ the mask of its words), both normalised as the model's score normalises
 them, computed as ``model.evaluate`` computes them; a query is scored
 against them with the model's aggregator (S_MaxImage by default) and token
 average, the score ``evaluate`` ranks by. Gallery captions are the split's
-token rows as evaluated (clipped to max_words); a query caption longer
-than that is rejected, as by ``localize``. The gallery is H·W·d floats per
+token rows as evaluated (clipped to max_words); a query caption is
+clipped by the same rule, as by ``localize``. The gallery is H·W·d floats per
 image and T·d per caption (5,000 VGG maps at d = 1,024: 4 GB).
 
 Bad requests fail with ``InvalidArgumentError`` naming the input and the
 index of the first bad element: bytes that are not a JPEG/PNG or do not
 decode, an empty (whitespace-only) caption, a caption with no word of the
-vocabulary, a caption longer than max_words known words, batches of
-different sizes, empty batches or a wrong rank.
+vocabulary, batches of different sizes, empty batches or a wrong rank.
 
 Inside the SavedModel: the vocabulary in word-vector row order (variable
 ``vocabulary``) and the model configuration JSON (variable ``config_json``);
@@ -79,6 +80,7 @@ from tf_twobranch.export import serving
 from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
+from tf_twobranch.features.prepare_npair import CAPTION_LENGTH_RULE, kept_caption_words
 from tf_twobranch.losses import localization_volume as volume
 from tf_twobranch.models.npair_localization import END_TOKEN, START_TOKEN, NPairLocalizationModel
 
@@ -223,18 +225,16 @@ class NPairServingModule(tf.Module):
         codes = self.coder(strings)
         # The tokenizer never yields "<start>"/"<end>" (no "<"), but their ids must never count as words.
         codes = tf.ragged.boolean_mask(codes, codes >= FIRST_WORD_ID)
+        # The rule evaluation applies (features.prepare_npair.kept_caption_words): the first max_words
+        # known words, a longer caption clipped.
+        codes = kept_caption_words(codes, self.max_words)
         lengths = tf.cast(codes.row_lengths(), tf.int32)
-        no_word, too_long = tf.equal(lengths, 0), lengths > self.max_words
+        no_word = tf.equal(lengths, 0)
         checks = [
             tf.debugging.Assert(
                 tf.logical_not(tf.reduce_any(no_word)),
                 ["caption has no word of the vocabulary (words outside it are dropped); first such element index:",
                  _first_true(no_word), "caption:", tf.gather(strings, _first_true(no_word))]),
-            tf.debugging.Assert(
-                tf.logical_not(tf.reduce_any(too_long)),
-                [f"caption has more than max_words={self.max_words} words of the vocabulary (max_tokens="
-                 f"{self.max_tokens} holds <start>, the words and <end>); first such element index:",
-                 _first_true(too_long), "known words:", tf.gather(lengths, _first_true(too_long))]),
         ]
         with tf.control_dependencies(checks):
             words = codes.to_tensor(default_value=END_ID, shape=[None, self.max_words])
@@ -339,7 +339,7 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
     config = dict(run_config) if run_config else {"model": model.config.to_dict()}
     config["npair_export"] = {
         "vocabulary": list(module.vocabulary_words), "image_size": module.image_size,
-        "max_words": module.max_words, "max_tokens": module.max_tokens,
+        "max_words": module.max_words, "max_tokens": module.max_tokens, "captions": CAPTION_LENGTH_RULE,
         "image_preprocessing": "whole image resized to image_size x image_size by PIL's bilinear rule "
                                "(features.images.tf_pil_resize, as load_images_at_size)",
         "points": "(x, y) = (column, row) in the image_size x image_size input; (0, 0) where token_mask is False",

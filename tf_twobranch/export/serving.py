@@ -77,6 +77,10 @@ __all__ = [
     "jpeg_batch_spec",
     "feature_batch_spec",
     "signature_function",
+    "fed_shape",
+    "fed_rank",
+    "fed_dim",
+    "fed_or_stand_in",
     "validate_strings",
     "validate_features",
     "signature_input_specs",
@@ -162,12 +166,17 @@ def _describe_spec(spec: tf.TensorSpec) -> str:
     return f"{spec.dtype.name} of shape ({dims}{',' if spec.shape.rank == 1 else ''})"
 
 
+def _a(word: str) -> str:
+    """`word` with its indefinite article: "an int64", "an object", "a uint8", "a float32"."""
+    return f"{'an' if word[:1].lower() in 'aeio' else 'a'} {word}"
+
+
 def _describe_value(value) -> str:
     if tf.is_tensor(value):
-        return f"a {value.dtype.name} tensor of shape {tuple(value.shape)}"
+        return f"{_a(value.dtype.name)} tensor of shape {tuple(value.shape)}"
     if isinstance(value, (np.ndarray, np.generic)):
-        return f"a {value.dtype} array of shape {np.shape(value)}"
-    return f"a {type(value).__name__}"
+        return f"{_a(str(value.dtype))} array of shape {np.shape(value)}"
+    return _a(type(value).__name__)
 
 
 class InvalidRequestError(UserInputError):
@@ -450,13 +459,64 @@ def track_keras_variables(module: tf.Module, *layers) -> None:
 # checks as control dependencies, so they run before anything uses it.
 
 
-def _rank_and_batch_checks(x, rank: int, name: str, expected: str):
+def fed_shape(x) -> tf.Tensor:
+    """The int32 shape of `x` as the client fed it, for the graph's shape checks.
+
+    A signature that declares its sizes gives its function an argument of that
+    static shape, and everything computed from the shape is folded to the
+    declared value: `tf.rank` and `tf.shape` of known dimensions become
+    constants when the function is traced, and Grappler folds even
+    ``Rank`` / ``Size`` ops from the argument's declared shape. A client that
+    feeds the signature directly (TF Serving's session, ``loaded.signatures[name](...)``)
+    is not held to the declaration, so a check written with those values
+    always passes and a wrong shape fails later with TensorFlow's own message
+    (``Invalid reduction dimension``, ``ConcatOp``). The shape read back through
+    a serialize/parse round trip is opaque to both: its value is the fed shape
+    and its static shape is unknown. (A fully declared shape, e.g. a scalar,
+    folds even ``Shape``: its value itself makes the round trip; the exports
+    declare no large fully sized input.)
+    """
+    x = tf.convert_to_tensor(x)
+    if x.shape.is_fully_defined():
+        return tf.shape(tf.io.parse_tensor(tf.io.serialize_tensor(x), x.dtype), out_type=tf.int32)
+    return tf.io.parse_tensor(tf.io.serialize_tensor(tf.shape(x, out_type=tf.int32)), tf.int32)
+
+
+def fed_rank(x) -> tf.Tensor:
+    """The rank of `x` as fed (`fed_shape`), a scalar int32 that the graph cannot fold."""
+    return tf.size(fed_shape(x), out_type=tf.int32)
+
+
+def fed_dim(shape, index: int) -> tf.Tensor:
+    """Dimension `index` (0 or -1) of a `fed_shape`, -1 where the tensor has no dimension (a scalar):
+    safe to compare whatever the rank."""
+    return tf.concat([shape, [-1]], axis=0)[0] if index == 0 else tf.concat([[-1], shape], axis=0)[-1]
+
+
+def fed_or_stand_in(x, shape, ok, static_shape, stand_in: Callable[[], tf.Tensor]) -> tf.Tensor:
+    """What the ops after a shape check read: `x` where `ok` (its fed `shape` is the one the
+    check wants), else ``stand_in()``, a small valid value of `static_shape`.
+
+    The check's ``Assert`` fails the request either way; the stand-in keeps the ops below it
+    from failing first, with TensorFlow's own message, on a tensor of another shape. Ordering
+    them after the check by a control dependency is not enough: Grappler removes a reshape or
+    identity that the declared shape makes redundant, and the order with it.
+    """
+    out = tf.cond(ok, lambda: tf.reshape(x, shape), stand_in)
+    out.set_shape(static_shape)
+    return out
+
+
+def _rank_and_batch_checks(x, rank: int, name: str, expected: str, shape=None):
+    shape = fed_shape(x) if shape is None else shape
+    got_rank = tf.size(shape, out_type=tf.int32)
     rank_check = tf.debugging.Assert(
-        tf.equal(tf.rank(x), rank),
-        [f"{name} must have shape {expected}; got a tensor of rank", tf.rank(x), "and shape", tf.shape(x)])
+        tf.equal(got_rank, rank),
+        [f"{name} must have shape {expected}; got a tensor of rank", got_rank, "and shape", shape])
     with tf.control_dependencies([rank_check]):
         batch_check = tf.debugging.Assert(
-            tf.shape(x)[0] > 0, [f"{name} is empty; expected shape {expected} with batch >= 1"])
+            tf.logical_or(tf.not_equal(got_rank, rank), fed_dim(shape, 0) > 0),
+            [f"{name} is empty; expected shape {expected} with batch >= 1"])
     return [rank_check, batch_check]
 
 
@@ -477,6 +537,7 @@ def validate_strings(strings, name: str) -> tf.Tensor:
     strings = tf.convert_to_tensor(strings, tf.string)
     checks = _rank_and_batch_checks(strings, 1, name, "(batch,)")
     with tf.control_dependencies(checks):
+        # Any shape flattens: the ops below never fail before the checks do.
         flat = tf.reshape(strings, [-1])
         empty = tf.equal(tf.strings.length(tf.strings.strip(flat)), 0)
         checks.append(tf.debugging.Assert(
@@ -512,13 +573,15 @@ def validate_features(x, dim: int, name: str) -> tf.Tensor:
     dim = int(dim)
     expected = f"(batch, {dim})"
     x = tf.convert_to_tensor(x, tf.float32)
-    checks = _rank_and_batch_checks(x, 2, name, expected)
+    shape = fed_shape(x)
+    checks = _rank_and_batch_checks(x, 2, name, expected, shape)
+    ok = tf.equal(tf.size(shape), 2) & tf.equal(fed_dim(shape, -1), dim) & (fed_dim(shape, 0) > 0)
     with tf.control_dependencies(checks):
         checks.append(tf.debugging.Assert(
-            tf.equal(tf.shape(x)[-1], dim),
-            [f"{name} must have shape {expected}; got shape", tf.shape(x)]))
+            tf.logical_or(ok, tf.not_equal(tf.size(shape), 2)),
+            [f"{name} must have shape {expected}; got shape", shape]))
+    x = fed_or_stand_in(x, shape, ok, [None, dim], lambda: tf.zeros([1, dim]))
     with tf.control_dependencies(checks):
-        x = tf.reshape(x, [-1, dim])
         bad_rows = tf.logical_not(tf.reduce_all(tf.math.is_finite(x), axis=1))
         checks.append(tf.debugging.Assert(
             tf.logical_not(tf.reduce_any(bad_rows)),
@@ -597,7 +660,7 @@ def map_decoded_images(jpeg_bytes, name: str, fn: Callable, output_specs: Sequen
     jpeg_bytes = tf.convert_to_tensor(jpeg_bytes, tf.string)
     checks = _rank_and_batch_checks(jpeg_bytes, 1, name, "(batch,) of encoded image bytes")
     with tf.control_dependencies(checks):
-        flat = tf.reshape(jpeg_bytes, [-1])
+        flat = tf.reshape(jpeg_bytes, [-1])     # any shape flattens (see validate_strings)
         bad = tf.logical_not(tf_is_image_bytes(flat, _BATCH_FORMATS))
         checks.append(tf.debugging.Assert(
             tf.logical_not(tf.reduce_any(bad)),

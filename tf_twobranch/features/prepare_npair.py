@@ -218,6 +218,23 @@ def encode_words(words: Sequence[str], index: Mapping[str, int]) -> tuple[list[i
     return [k for k, _ in kept], [i for _, i in kept]
 
 
+#: The N-pair caption-length rule (`kept_caption_words`), as run configurations and docs state it.
+CAPTION_LENGTH_RULE = ("words outside the vocabulary are dropped, then the first max_words known words are kept "
+                       "(a longer caption is clipped, not refused)")
+
+
+def kept_caption_words(known, max_words: int):
+    """The one caption-length rule of the N-pair inputs: evaluation, the training inputs and the
+    export (`tf_twobranch.export.npair_localization`) keep the first `max_words` known words.
+
+    `known`: one caption's known word ids (a sequence; unknown words already dropped), or a
+    batch of them as a `tf.RaggedTensor` (batch, None) (the export's graph).
+    """
+    if hasattr(known, "row_lengths"):     # tf.RaggedTensor: slice every row
+        return known[:, :max_words]
+    return known[:max_words]
+
+
 def encode_token_lists(token_lists: Sequence[Sequence[str]], vocabulary: Sequence[str],
                        max_words: int) -> CaptionTokens:
     """``<start> words <end>`` ids padded with ``<end>`` to max_words + 2; longer captions clipped."""
@@ -231,7 +248,7 @@ def encode_token_lists(token_lists: Sequence[Sequence[str]], vocabulary: Sequenc
     for row, tokens in enumerate(token_lists):
         known, _ = encode_words(tokens, index)
         trainable[row] = 0 < len(known) <= max_words
-        known = known[:max_words]
+        known = kept_caption_words(known, max_words)
         ids[row, 1:1 + len(known)] = known
         mask[row, 1:1 + len(known)] = True
     return CaptionTokens(ids, mask, trainable)
