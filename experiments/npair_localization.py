@@ -40,7 +40,7 @@ from experiments.npair_tables import format_record
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.phrases import phrase_fingerprint
-from tf_twobranch.evaluation import localization_maps, retrieval
+from tf_twobranch.evaluation import localization_maps, pointing_game, retrieval
 from tf_twobranch.features.prepare_npair import phrase_parsed_captions, split_images
 from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
 from tf_twobranch.models.npair_localization import build_npair_model, save_npair_config
@@ -90,6 +90,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_enum("pointing_counting", "phrase", ["phrase", "per_box"],
                       "phrase: one trial per phrase, a hit inside any of its boxes (the paper); per_box: "
                       "one trial per ground-truth box (the authors' code).", **d)
+    flags.DEFINE_enum("point_rule", pointing_game.DEFAULT_POINT_RULE, list(pointing_game.POINT_RULES),
+                      "The pixel a heat map points at: cell_centre, the centre of the map's arg-max cell (the "
+                      "paper's 'most confident region'); argmax, the first maximal pixel of the bilinear-"
+                      "upsampled map (the authors' code: an edge cell then points at the image's edge pixel). "
+                      "Every row records the accuracy under both.", **d)
     # Text.
     common.define_word_vector_flags(fv, word_dim_help="Word vector size (GloVe: 300).", word_dim=300)
     flags.DEFINE_integer("max_words", 20, "Words per caption (longer ones are not trained on and are "

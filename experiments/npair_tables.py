@@ -114,7 +114,7 @@ ROW_ORDER = ("random", "centre", "vgg_channel_mean", "untrained", "npair_word", 
 RUNNER_FLAGS = ("rows", "runs_dir", "resume", "out_json", "flagfile")
 # Flags that only choose what a trained model is evaluated on, or label it: rows differing only
 # in them share one trained model.
-_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol", "pointing_counting", "row_metric",
+_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol", "pointing_counting", "point_rule", "row_metric",
                     "paper_results", "row_name", "run_dir", "out_json"}
 
 

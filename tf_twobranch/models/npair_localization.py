@@ -47,7 +47,7 @@ import tensorflow as tf
 
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.evaluation import localization_maps
+from tf_twobranch.evaluation import localization_maps, pointing_game
 from tf_twobranch.evaluation.localization_retrieval import evaluate_localization_retrieval
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
@@ -111,7 +111,8 @@ class NPairEvaluationSplit(EvaluationSplit):
       None where the dataset has none (retrieval only);
     * ``vocabulary``, ``max_words``: how a phrase's words become the caption branch's inputs
       (the model's vocabulary, the captions' clip);
-    * ``parse_mode``, ``pointing_counting``: the pointing game reported (`localization_maps`);
+    * ``parse_mode``, ``pointing_counting``, ``point_rule``: the pointing game reported
+      (`localization_maps`; ``point_rule`` the pixel a heat map points at, `pointing_game.POINT_RULES`);
     * ``score_dtype``: matmul dtype of the retrieval scores (float32, or bfloat16 for S_MaxImage).
     """
     token_mask: np.ndarray | None = None
@@ -121,6 +122,7 @@ class NPairEvaluationSplit(EvaluationSplit):
     max_words: int = 20
     parse_mode: str = "word"
     pointing_counting: str = "phrase"
+    point_rule: str = pointing_game.DEFAULT_POINT_RULE
     score_dtype: str = "float32"
 
 
@@ -266,7 +268,8 @@ class NPairLocalizationModel(keras.Model):
                 out["pointing"] = {mode: localization_maps.pointing_results(
                     split.queries, localization_maps.query_heat_maps(
                         self, by_image, split.queries, split.vocabulary, mode=mode, max_words=split.max_words),
-                    counting=split.pointing_counting) for mode in localization_maps.PARSE_MODES}
+                    counting=split.pointing_counting, point_rule=split.point_rule)
+                    for mode in localization_maps.PARSE_MODES}
             del image_maps, vectors
         return out
 
