@@ -94,6 +94,8 @@ class NPairRecipe(RunRecipe):
     train_backbone: bool = False
     # Model and loss.
     embed_dim: int = 1024
+    projection_kernel: int = 3
+    projection: str = "conv"
     loss: str = "npair"
     aggregator: str = "max_image"
     token_average: str = "real"
@@ -199,6 +201,7 @@ def build_config(recipe: NPairRecipe, text: NPairText, maps) -> NPairLocalizatio
     return NPairLocalizationConfig(
         vocabulary_size=len(text.vocabulary), map_channels=int(shape[3]), map_size=int(shape[1]),
         word_dim=int(text.word_matrix.shape[1]), embed_dim=recipe.embed_dim, max_tokens=text.max_tokens,
+        projection_kernel=recipe.projection_kernel, projection=recipe.projection,
         loss=recipe.loss, aggregator=recipe.aggregator, token_average=recipe.token_average,
         normalisation=recipe.normalisation, temperature=recipe.temperature, margin=recipe.margin,
         train_word_vectors=recipe.train_word_vectors, train_backbone=recipe.train_backbone)
