@@ -40,7 +40,7 @@ from experiments.npair_tables import format_record
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.phrases import phrase_fingerprint
-from tf_twobranch.evaluation import localization_maps, retrieval
+from tf_twobranch.evaluation import localization_maps, pointing_game, retrieval
 from tf_twobranch.features.prepare_npair import phrase_parsed_captions, split_images
 from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
 from tf_twobranch.models.npair_localization import build_npair_model, save_npair_config
@@ -53,8 +53,14 @@ from tf_twobranch.training import trainer
 # a ~130-word vocabulary. The profile keeps the paper's structure (batch 64 of distinct images,
 # N-pair over the batch, S_MaxImage, SGD with momentum, lr × 0.1 steps) at a size this 2-core
 # CPU trains in a few minutes per row (BUILD_NOTES.md).
+# Two choices make its heat maps localize (issue 39): the "centred" projection, because S_MaxImage
+# is blind to a translation of the projected map and the code's 3x3 convolution learns one (up to
+# a cell: a 16-px cell is a digit's size on these 6x6 maps); and fine-tuned word vectors, because
+# the PPMI-SVD stand-ins for GloVe learnt from the template captions give the digit words nearly
+# one vector (cos 0.8-0.9: they occur in the same contexts), so frozen they cannot tell a "seven"
+# from a "zero".
 EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 6, "lr_decay_epochs": 4,
-                    "learning_rate": 0.01}
+                    "learning_rate": 0.01, "projection": "centred", "train_word_vectors": True}
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -90,6 +96,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_enum("pointing_counting", "phrase", ["phrase", "per_box"],
                       "phrase: one trial per phrase, a hit inside any of its boxes (the paper); per_box: "
                       "one trial per ground-truth box (the authors' code).", **d)
+    flags.DEFINE_enum("point_rule", pointing_game.DEFAULT_POINT_RULE, list(pointing_game.POINT_RULES),
+                      "The pixel a heat map points at: cell_centre, the centre of the map's arg-max cell (the "
+                      "paper's 'most confident region'); argmax, the first maximal pixel of the bilinear-"
+                      "upsampled map (the authors' code: an edge cell then points at the image's edge pixel). "
+                      "Every row records the accuracy under both.", **d)
     # Text.
     common.define_word_vector_flags(fv, word_dim_help="Word vector size (GloVe: 300).", word_dim=300)
     flags.DEFINE_integer("max_words", 20, "Words per caption (longer ones are not trained on and are "
@@ -114,6 +125,12 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     # Model and loss.
     flags.DEFINE_integer("embed_dim", 1024, "d: channels of the projected map and the LSTM size.",
                          lower_bound=1, **d)
+    flags.DEFINE_integer("projection_kernel", 3, "Size of the convolution projecting the backbone map to d "
+                         "channels (the code: 3x3; the paper does not say).", lower_bound=1, **d)
+    flags.DEFINE_enum("projection", "conv", ["conv", "centred"],
+                      "conv: a projection_kernel² convolution (the code), free to translate the map (S_MaxImage "
+                      "does not change when the map moves); centred: a 1x1 convolution of each cell's vector "
+                      "beside the mean of its projection_kernel² neighbourhood, which cannot translate it.", **d)
     flags.DEFINE_enum("loss", "npair", ["npair", "triplet"], "N-pair loss (eqs. 5-7) or triplet loss with "
                       "hardest in-batch negatives (eqs. 2-4).", **d)
     flags.DEFINE_enum("aggregator", "max_image", ["max_image", "max_text", "mean_all", "max_rows_code"],

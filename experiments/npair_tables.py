@@ -34,14 +34,21 @@ def format_table2(rows: list[dict], dataset: str) -> str:
     """Table 2's layout: method, pointing accuracy here, the paper's; a row whose pointing
     accuracy could not be computed says why."""
     width = max([len(r["name"]) for r in rows] + [34])
+    rules = sorted({r.get("point_rule") for r in rows if r.get("point_rule")})
+    rule_line = ("heat maps point at " + (" / ".join(f"--point_rule={x}" for x in rules) if rules else "–")
+                 + "; the 'argmax' column: the first maximal pixel of the upsampled map (the authors' code); "
+                 "random and centre points take no rule")
     lines = [f"Das et al. Table 2 analogue: pointing accuracy (%) on {dataset} (paper: Flickr30K Entities test)",
-             f"{'Method':{width}} | {'here':>7} | {'paper':>7} | trials",
-             "-" * (width + 30)]
+             rule_line,
+             f"{'Method':{width}} | {'here':>7} | {'argmax':>7} | {'paper':>7} | trials",
+             "-" * (width + 40)]
     for r in rows:
         pointing = r["metrics"].get("pointing_accuracy")
+        by_rule = (r.get("accuracy_by_point_rule") or {}).get("argmax")
         trials = f"not computed: {r['not_computed']}" if r.get("not_computed") else r.get("trials")
         trials = "–" if trials is None else trials
-        lines.append(f"{r['name']:{width}} | {common.format_cell(pointing, 7, 2)} | {_paper_pointing(r)} | {trials}")
+        lines.append(f"{r['name']:{width}} | {common.format_cell(pointing, 7, 2)} | "
+                     f"{common.format_cell(by_rule, 7, 2)} | {_paper_pointing(r)} | {trials}")
     return "\n".join(lines)
 
 
@@ -84,6 +91,7 @@ def table_row(record: dict) -> dict:
     pointing = record.get("pointing") or {}
     chosen = pointing.get(record.get("recipe", {}).get("parse_mode")) or pointing.get("baseline") or {}
     return {"name": record["row"], "metrics": record["metrics"], "trials": chosen.get("trials"),
+            "point_rule": chosen.get("point_rule"), "accuracy_by_point_rule": chosen.get("accuracy_by_point_rule"),
             "paper": record.get("paper"), "paper_dataset": record["paper_dataset"],
             "paper_protocol": record["paper_protocol"], "protocol": record["protocol"],
             "test_split_fingerprint": record["test_split_fingerprint"],
@@ -114,7 +122,7 @@ ROW_ORDER = ("random", "centre", "vgg_channel_mean", "untrained", "npair_word", 
 RUNNER_FLAGS = ("rows", "runs_dir", "resume", "out_json", "flagfile")
 # Flags that only choose what a trained model is evaluated on, or label it: rows differing only
 # in them share one trained model.
-_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol", "pointing_counting", "row_metric",
+_EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol", "pointing_counting", "point_rule", "row_metric",
                     "paper_results", "row_name", "run_dir", "out_json"}
 
 

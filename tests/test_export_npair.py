@@ -64,7 +64,9 @@ def _keras_outputs(model, jpegs, captions) -> dict:
                                     encoded.token_mask)
     heat_maps = np.transpose(localization_volume(maps, tokens).numpy(), [0, 3, 1, 2])
     heat_maps = np.where(encoded.token_mask[:, :, None, None], heat_maps, 0.0)
-    points = np.array([[heat_map_maximum(m, SIZE, SIZE) for m in maps_of_caption] for maps_of_caption in heat_maps])
+    # The export's in-graph points follow LocNet's rule (the first maximal pixel of the upsampled map).
+    points = np.array([[heat_map_maximum(m, SIZE, SIZE, "argmax") for m in maps_of_caption]
+                       for maps_of_caption in heat_maps])
     return {"score": score, "heat_maps": heat_maps, "token_mask": encoded.token_mask, "points": points}
 
 
@@ -127,7 +129,7 @@ def test_points_follow_the_pointing_game_rule(exported):
     np.testing.assert_array_equal(got["token_mask"][0], [False, True, False, False, False, False, False])
     np.testing.assert_array_equal(got["points"][0, [0, 2, 3, 4, 5, 6]], 0)
     np.testing.assert_array_equal(got["heat_maps"][0, [0, 2, 3, 4, 5, 6]], 0.0)
-    assert got["points"][0, 1].tolist() == list(heat_map_maximum(got["heat_maps"][0, 1], SIZE, SIZE))
+    assert got["points"][0, 1].tolist() == list(heat_map_maximum(got["heat_maps"][0, 1], SIZE, SIZE, "argmax"))
 
 
 @pytest.mark.parametrize("jpegs,captions,message", [

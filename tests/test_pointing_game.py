@@ -52,8 +52,9 @@ def test_x_is_the_column_on_a_wide_image():
     # right column, so the point is (105, 0): a hit.  A swapped test (row 0
     # against x1..x2 = 100..119) would call it a miss.
     query = _query(120, 40, [[100, 0, 119, 39]])
-    point = pg.heat_map_maximum(np.array([[0.0, 0.0, 0.0, 1.0]]), 40, 120)
+    point = pg.heat_map_maximum(np.array([[0.0, 0.0, 0.0, 1.0]]), 40, 120, "argmax")
     assert point == (105, 0)            # first pixel whose source column reaches cell 3: (105.5)·4/120 − 0.5 = 3
+    assert pg.heat_map_maximum(np.array([[0.0, 0.0, 0.0, 1.0]]), 40, 120) == (105, 20)   # the cell's centre
     assert pg.point_hits_boxes(*point, query.boxes)
     assert not pg.point_hits_boxes(point[1], point[0], query.boxes)
     assert pg.pointing_game_counts([point], [query]) == (1, 0)
@@ -64,7 +65,41 @@ def test_x_is_the_column_on_a_wide_image():
 
 def test_ties_go_to_first_pixel_in_row_major_order():
     heat_map = np.array([[0.0, 2.0, 0.0], [2.0, 0.0, 2.0]])
-    assert pg.heat_map_maximum(heat_map, 2, 3) == (1, 0)
+    for rule in pg.POINT_RULES:
+        assert pg.heat_map_maximum(heat_map, 2, 3, rule) == (1, 0)
+
+
+def test_edge_cell_points_at_its_centre_not_the_image_edge():
+    # Issue 39: a 6 × 6 map on a 96-px image. The upsampled map of an edge cell is a clamped
+    # plateau (the edge half-cell holds the cell's value), whose first pixel (LocNet's argmax)
+    # is the image's edge; the default rule points at the arg-max cell's centre.
+    top_right, left_row3 = np.zeros((6, 6)), np.zeros((6, 6))
+    top_right[0, 5] = left_row3[3, 0] = 1.0
+    assert pg.heat_map_maximum(top_right, 96, 96, "argmax") == (88, 0)
+    assert pg.heat_map_maximum(left_row3, 96, 96, "argmax") == (0, 55)
+    assert pg.DEFAULT_POINT_RULE == "cell_centre"
+    assert pg.heat_map_maximum(top_right, 96, 96) == (88, 8)
+    assert pg.heat_map_maximum(left_row3, 96, 96) == (8, 56)
+    # A digit box inside the cell that does not touch the edge: hit by the centre only.
+    box = [[82, 3, 93, 14]]
+    assert pg.point_hits_boxes(*pg.heat_map_maximum(top_right, 96, 96), box)
+    assert not pg.point_hits_boxes(*pg.heat_map_maximum(top_right, 96, 96, "argmax"), box)
+    # An inner cell: both rules point into that cell (the bilinear map peaks at its centre).
+    inner = np.zeros((6, 6))
+    inner[2, 3] = 1.0
+    for rule in pg.POINT_RULES:
+        x, y = pg.heat_map_maximum(inner, 96, 96, rule)
+        assert 48 <= x < 64 and 32 <= y < 48
+    # Every cell's centre lies inside the image, for any sizes.
+    for h, w, H, W in [(6, 6, 96, 96), (7, 5, 13, 11), (14, 14, 333, 500), (3, 4, 3, 4)]:
+        for r in range(h):
+            for c in range(w):
+                one = np.zeros((h, w))
+                one[r, c] = 1
+                x, y = pg.heat_map_maximum(one, H, W)
+                assert c * W / w <= x < (c + 1) * W / w and r * H / h <= y < (r + 1) * H / h
+    with pytest.raises(ConfigError, match="point rule"):
+        pg.heat_map_maximum(inner, 96, 96, "centre")
 
 
 # --------------------------------------------------------------- upsampling
@@ -84,7 +119,8 @@ def test_upsample_one_by_one_map_is_constant():
     upsampled = pg.upsample_heat_map([[3.5]], 5, 7)
     assert upsampled.shape == (5, 7)
     np.testing.assert_array_equal(upsampled, np.full((5, 7), 3.5))
-    assert pg.heat_map_maximum([[3.5]], 5, 7) == (0, 0)
+    assert pg.heat_map_maximum([[3.5]], 5, 7, "argmax") == (0, 0)
+    assert pg.heat_map_maximum([[3.5]], 5, 7) == (3, 2)          # the one cell's centre
 
 
 def test_small_map_maximum_lands_in_its_quadrant():
@@ -181,7 +217,10 @@ def test_points_from_heat_maps_uses_the_phrase_words():
     query = _query(120, 40, [[80, 0, 119, 39]])
     query.word_span = (1, 3)
     points = pg.points_from_heat_maps([query], lambda q: pg.phrase_heat_map(word_maps, q.word_span))
-    assert points == [(90, 0)]          # the phrase map [[0.1, 0.9]] reaches its right cell at column 90
+    assert points == [(90, 20)]         # the phrase map [[0.1, 0.9]]: its right cell's centre
+    # LocNet's rule: the first pixel of the upsampled map's plateau, column 90 of row 0.
+    assert pg.points_from_heat_maps([query], lambda q: pg.phrase_heat_map(word_maps, q.word_span),
+                                    rule="argmax") == [(90, 0)]
     assert pg.evaluate_pointing_game([query], points)["accuracy"] == 100.0
 
 

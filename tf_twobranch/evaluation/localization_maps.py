@@ -218,22 +218,44 @@ def baseline_points(queries: Sequence, kind: str, seed: int = 0) -> list:
     raise ConfigError(f"unknown pointing baseline {kind!r}")
 
 
+def _heat_map_points(queries: Sequence, heat_maps: Sequence[np.ndarray | None], rule: str) -> list:
+    return [None if m is None else pointing_game.heat_map_maximum(m, q.image_height, q.image_width, rule)
+            for m, q in zip(heat_maps, queries)]
+
+
 def pointing_results(queries: Sequence, heat_maps: Sequence[np.ndarray | None] | None = None, *,
-                     points: Sequence | None = None, counting: str = "phrase") -> dict:
-    """Pointing-game results; a query without a map is a miss (counted, not skipped)."""
+                     points: Sequence | None = None, counting: str = "phrase",
+                     point_rule: str = pointing_game.DEFAULT_POINT_RULE) -> dict:
+    """Pointing-game results; a query without a map is a miss (counted, not skipped).
+
+    Heat maps point by `point_rule` (`pointing_game.POINT_RULES`); the results also hold
+    ``accuracy_by_point_rule``, the accuracy under every rule (the maps are the same), and
+    ``point_rule``. Given `points` (a baseline's pixels) no rule applies: ``point_rule`` is None.
+    """
+    by_rule = None
     if points is None:
-        points = [None if m is None else
-                  pointing_game.heat_map_maximum(m, q.image_height, q.image_width)
-                  for m, q in zip(heat_maps, queries)]
-    result = pointing_game.evaluate_points(queries, points, counting=counting)
+        if point_rule not in pointing_game.POINT_RULES:
+            raise ConfigError(f"point rule must be one of {pointing_game.POINT_RULES}, got {point_rule!r}")
+        heat_maps = list(heat_maps)
+        by_rule = {rule: pointing_game.evaluate_points(queries, _heat_map_points(queries, heat_maps, rule),
+                                                       counting=counting)
+                   for rule in pointing_game.POINT_RULES}
+        result = by_rule[point_rule]
+    else:
+        result = pointing_game.evaluate_points(queries, points, counting=counting)
     result["queries_without_map"] = result.pop("queries_without_point")
+    result["point_rule"] = point_rule if by_rule else None
+    if by_rule:
+        result["accuracy_by_point_rule"] = {rule: r["accuracy"] for rule, r in by_rule.items()}
     return result
 
 
 def draw_phrase_heat_maps(image: np.ndarray, queries: Sequence, heat_maps: Sequence[np.ndarray | None],
-                          path, *, title: str = "") -> pathlib.Path:
+                          path, *, title: str = "",
+                          point_rule: str = pointing_game.DEFAULT_POINT_RULE) -> pathlib.Path:
     """One PNG: the image, then per phrase its heat map over the image (the paper's Figs. 1 and 5),
-    the pointing-game maximum (a cross) and the phrase's ground-truth boxes (green: hit, red: miss)."""
+    the pointing-game point under `point_rule` (a cross) and the phrase's ground-truth boxes
+    (green: hit, red: miss)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -251,7 +273,8 @@ def draw_phrase_heat_maps(image: np.ndarray, queries: Sequence, heat_maps: Seque
             up = pointing_game.upsample_heat_map(heat, query.image_height, query.image_width)
             ax.imshow(up, cmap="jet", alpha=0.45, extent=(-0.5, query.image_width - 0.5,
                                                           query.image_height - 0.5, -0.5))
-            x, y = pointing_game.heat_map_maximum(heat, query.image_height, query.image_width)
+            x, y = pointing_game.heat_map_maximum(heat, query.image_height, query.image_width,
+                                                    point_rule)
             hit = pointing_game.point_hits_boxes(x, y, query.boxes)
             ax.plot([x], [y], marker="x", color="white", markersize=12, markeredgewidth=3)
         for x1, y1, x2, y2 in np.asarray(query.boxes):

@@ -20,9 +20,19 @@ What the paper leaves open and what we chose (the authors' LocNet code,
   image's own W×H with the same bilinear half-pixel rule (identical to
   ``tf.image.resize(..., method="bilinear")`` without antialiasing and to
   ``cv2.INTER_LINEAR``), so boxes stay in their integer pixel coordinates.
-* **Maximum.**  Ties go to the first pixel in row-major order (``np.argmax``),
-  like LocNet's ``np.argmax`` on the flattened map.  A constant map (e.g. a
-  1×1 map) therefore points at pixel (0, 0).
+* **Maximum** (``point_rule``, `POINT_RULES`).  The paper asks whether "the
+  most confident region of the predicted attention map" falls in a box: the
+  region is the arg-max *cell* of the h×w map.  ``"cell_centre"`` (default)
+  points at the centre pixel of that cell, (⌊(c + ½)·W/w⌋, ⌊(r + ½)·H/h⌋)
+  (ties: the first cell in row-major order).  For an inner cell this is where
+  the bilinear-upsampled map peaks; for an edge cell the upsampled map is a
+  clamped plateau (the edge half-cell holds the cell's value), and
+  ``"argmax"`` — LocNet's ``np.argmax`` of ``cv2.resize``, the first maximal
+  pixel of the upsampled map in row-major order — then lands on the image's
+  edge pixel: the top-right cell of a 6×6 map on a 96-px image points at
+  (88, 0) instead of its centre (88, 8), outside every box that does not
+  touch the edge.  A constant map points at the first cell's centre
+  (cell_centre) or at pixel (0, 0) (argmax).
 * **Hit test.**  x is the column, compared with x1/x2; y the row, compared
   with y1/y2; box edges count as inside (boxes are 0-based inclusive pixel
   boxes, :mod:`tf_twobranch.boxes`).  LocNet compares the *row* with x1/x2 —
@@ -62,6 +72,8 @@ __all__ = [
     "pointing_queries",
     "pointing_queries_from_images",
     "upsample_heat_map",
+    "POINT_RULES",
+    "DEFAULT_POINT_RULE",
     "heat_map_maximum",
     "point_hits_boxes",
     "pointing_game_counts",
@@ -77,6 +89,11 @@ __all__ = [
 
 #: "phrase": one trial per phrase (the paper); "per_box": one trial per ground-truth box (LocNet).
 COUNTING_MODES = ("phrase", "per_box")
+#: The pixel a heat map points at: "cell_centre" (the centre of the map's arg-max cell: the
+#: paper's "most confident region") or "argmax" (LocNet: the first maximal pixel of the
+#: bilinear-upsampled map, which lands on the image's edge pixel for an edge cell).
+POINT_RULES = ("cell_centre", "argmax")
+DEFAULT_POINT_RULE = "cell_centre"
 
 Point = tuple[int, int]
 
@@ -219,11 +236,31 @@ def upsample_heat_map(heat_map, height: int, width: int) -> np.ndarray:
             + along_cols[rows_high, :] * row_weight[:, None])
 
 
-def heat_map_maximum(heat_map, height: int, width: int) -> Point:
-    """(x, y) = (column, row) of the maximum of the map upsampled to the image; ties → first in row-major order."""
-    upsampled = upsample_heat_map(heat_map, height, width)
-    row, column = np.unravel_index(int(np.argmax(upsampled)), upsampled.shape)
-    return int(column), int(row)
+def _check_point_rule(rule: str) -> str:
+    if rule not in POINT_RULES:
+        raise ConfigError(f"point rule must be one of {POINT_RULES}, got {rule!r}")
+    return rule
+
+
+def heat_map_maximum(heat_map, height: int, width: int, rule: str = DEFAULT_POINT_RULE) -> Point:
+    """(x, y) = (column, row) of the pixel the map points at in a height × width image.
+
+    rule "cell_centre" (default): the centre pixel (⌊(c + ½)·width/w⌋, ⌊(r + ½)·height/h⌋) of the
+    map's arg-max cell (r, c), ties → the first cell in row-major order. rule "argmax" (LocNet):
+    the first maximal pixel, in row-major order, of the map upsampled bilinearly to the image
+    (an edge cell's maximum is then a clamped plateau whose first pixel is on the image's edge).
+    """
+    _check_point_rule(rule)
+    if rule == "argmax":
+        upsampled = upsample_heat_map(heat_map, height, width)
+        row, column = np.unravel_index(int(np.argmax(upsampled)), upsampled.shape)
+        return int(column), int(row)
+    array = _check_heat_map(heat_map)
+    height, width = _check_size(height, width)
+    row, column = np.unravel_index(int(np.argmax(array)), array.shape)
+    # Exact integer arithmetic: ⌊(2c + 1)·W / (2w)⌋ < W always.
+    return ((2 * int(column) + 1) * width // (2 * array.shape[1]),
+            (2 * int(row) + 1) * height // (2 * array.shape[0]))
 
 
 def _check_boxes(boxes) -> np.ndarray:
@@ -413,9 +450,11 @@ def centre_points(queries: Sequence[PointingQuery]) -> list[Point]:
 
 
 def points_from_heat_maps(queries: Sequence[PointingQuery],
-                          heat_map_fn: Callable[[PointingQuery], np.ndarray]) -> list[Point]:
-    """The maximum of ``heat_map_fn(query)`` (an (h, w) map) upsampled to each query's image."""
-    return [heat_map_maximum(heat_map_fn(q), q.image_height, q.image_width) for q in queries]
+                          heat_map_fn: Callable[[PointingQuery], np.ndarray], *,
+                          rule: str = DEFAULT_POINT_RULE) -> list[Point]:
+    """The point (`heat_map_maximum` under `rule`) of ``heat_map_fn(query)`` (an (h, w) map) in each
+    query's image."""
+    return [heat_map_maximum(heat_map_fn(q), q.image_height, q.image_width, rule) for q in queries]
 
 
 def phrase_heat_map(word_maps, word_span: tuple[int, int]) -> np.ndarray:

@@ -3,8 +3,13 @@
 * Image branch (§3.1, §4.1): a CNN's spatial map (VGG-19 ``block5_conv4`` at
   224² → 14×14×512 in the paper; the embedded data's scene CNN's last conv
   map) projected to d channels by a 3×3 convolution + batch norm + ReLU (the
-  authors' code; the paper does not say how 512 becomes 1024). ``a_{r,c}``
-  is the d-vector at location (r, c).
+  authors' code; the paper does not say how 512 becomes 1024), or by the
+  "centred" projection: a 1×1 convolution of each cell's vector beside the
+  mean of its k×k neighbourhood, + batch norm + ReLU. S(I, T) does not change
+  when the projected map is translated, so a k×k convolution may learn a
+  shifted map (on the embedded 6×6 maps it did, by up to a cell); the
+  centred projection is mirror-symmetric about each cell and cannot.
+  ``a_{r,c}`` is the d-vector at location (r, c).
 * Caption branch: word vectors (GloVe from a local file, or PPMI-SVD vectors;
   frozen as in the code, ``train_word_vectors`` to fine-tune them) → one LSTM
   layer → a d-vector ``s_t`` per token. Captions are ``<start> words <end>``
@@ -47,7 +52,7 @@ import tensorflow as tf
 
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.evaluation import localization_maps
+from tf_twobranch.evaluation import localization_maps, pointing_game
 from tf_twobranch.evaluation.localization_retrieval import evaluate_localization_retrieval
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
@@ -56,6 +61,10 @@ from tf_twobranch.losses import npair as npair_losses
 from tf_twobranch.losses import localization_volume as volume
 
 LOSSES = ("npair", "triplet")
+# How the backbone map becomes a_{r,c}: "conv", a k×k convolution (the authors' code: 3×3), or
+# "centred", a 1×1 convolution of each cell's own vector beside the mean of its k×k neighbourhood
+# (symmetric: it cannot translate the map). Either is followed by batch norm and ReLU.
+PROJECTIONS = ("conv", "centred")
 
 __all__ = ["LOSSES", "START_TOKEN", "END_TOKEN", "NPairLocalizationConfig", "NPairLocalizationModel",
            "NPairEvaluationSplit", "headline_metrics", "build_npair_model", "save_npair_config",
@@ -75,6 +84,7 @@ class NPairLocalizationConfig(ModelConfig):
     embed_dim: int = 1024           # d
     max_tokens: int = 22            # <start> + 20 words + <end>
     projection_kernel: int = 3      # the code's 3x3 conv on conv5_4
+    projection: str = "conv"        # PROJECTIONS
     loss: str = "npair"
     aggregator: str = "max_image"
     token_average: str = "real"
@@ -89,7 +99,7 @@ class NPairLocalizationConfig(ModelConfig):
                      "max_tokens", "projection_kernel"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name, allowed in (("loss", LOSSES), ("aggregator", volume.AGGREGATORS),
+        for name, allowed in (("loss", LOSSES), ("projection", PROJECTIONS), ("aggregator", volume.AGGREGATORS),
                               ("token_average", volume.TOKEN_AVERAGES),
                               ("normalisation", volume.NORMALISATIONS)):
             if getattr(self, name) not in allowed:
@@ -111,7 +121,8 @@ class NPairEvaluationSplit(EvaluationSplit):
       None where the dataset has none (retrieval only);
     * ``vocabulary``, ``max_words``: how a phrase's words become the caption branch's inputs
       (the model's vocabulary, the captions' clip);
-    * ``parse_mode``, ``pointing_counting``: the pointing game reported (`localization_maps`);
+    * ``parse_mode``, ``pointing_counting``, ``point_rule``: the pointing game reported
+      (`localization_maps`; ``point_rule`` the pixel a heat map points at, `pointing_game.POINT_RULES`);
     * ``score_dtype``: matmul dtype of the retrieval scores (float32, or bfloat16 for S_MaxImage).
     """
     token_mask: np.ndarray | None = None
@@ -121,6 +132,7 @@ class NPairEvaluationSplit(EvaluationSplit):
     max_words: int = 20
     parse_mode: str = "word"
     pointing_counting: str = "phrase"
+    point_rule: str = pointing_game.DEFAULT_POINT_RULE
     score_dtype: str = "float32"
 
 
@@ -147,11 +159,7 @@ class NPairLocalizationModel(keras.Model):
         self.backbone = backbone
         if backbone is not None:
             backbone.trainable = config.train_backbone
-        self.projection = keras.Sequential([
-            keras.layers.Conv2D(config.embed_dim, config.projection_kernel, padding="same",
-                                name="projection_conv"),
-            keras.layers.BatchNormalization(name="projection_bn"),
-            keras.layers.ReLU(name="projection_relu")], name="image_projection")
+        self.projection = _build_projection(config)
         self.word_embedding = keras.layers.Embedding(config.vocabulary_size, config.word_dim,
                                                      trainable=config.train_word_vectors,
                                                      name="word_vectors")
@@ -266,7 +274,8 @@ class NPairLocalizationModel(keras.Model):
                 out["pointing"] = {mode: localization_maps.pointing_results(
                     split.queries, localization_maps.query_heat_maps(
                         self, by_image, split.queries, split.vocabulary, mode=mode, max_words=split.max_words),
-                    counting=split.pointing_counting) for mode in localization_maps.PARSE_MODES}
+                    counting=split.pointing_counting, point_rule=split.point_rule)
+                    for mode in localization_maps.PARSE_MODES}
             del image_maps, vectors
         return out
 
@@ -282,6 +291,24 @@ class NPairLocalizationModel(keras.Model):
         protocol = protocol or getattr(x, "protocol", None) or "full"
         results = self.evaluation_results(x, protocols=[protocol], work_dir=work_dir)
         return headline_metrics(results, protocol, x.parse_mode)
+
+
+def _build_projection(config: NPairLocalizationConfig) -> keras.Model:
+    """(B, h, w, C) backbone map -> (B, h, w, d) a_{r,c} ("same" padding: h × w kept)."""
+    tail = [keras.layers.BatchNormalization(name="projection_bn"), keras.layers.ReLU(name="projection_relu")]
+    if config.projection == "conv":
+        return keras.Sequential([keras.layers.Conv2D(config.embed_dim, config.projection_kernel, padding="same",
+                                                     name="projection_conv")] + tail, name="image_projection")
+    maps = keras.Input((None, None, config.map_channels), name="backbone_map")
+    # Average pooling with "same" padding averages the cells inside the map only: the neighbourhood
+    # mean is centred on the cell at the borders too.
+    context = keras.layers.AveragePooling2D(config.projection_kernel, strides=1, padding="same",
+                                            name="projection_context")(maps)
+    x = keras.layers.Concatenate(name="projection_inputs")([maps, context])
+    x = keras.layers.Conv2D(config.embed_dim, 1, name="projection_conv")(x)
+    for layer in tail:
+        x = layer(x)
+    return keras.Model(maps, x, name="image_projection")
 
 
 def build_npair_model(config: NPairLocalizationConfig | dict, word_vectors: np.ndarray | None = None,

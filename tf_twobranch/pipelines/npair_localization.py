@@ -40,7 +40,7 @@ from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import localization_maps
 from tf_twobranch.evaluation.grounding import grounding_summary
-from tf_twobranch.evaluation.pointing_game import pointing_queries
+from tf_twobranch.evaluation.pointing_game import DEFAULT_POINT_RULE, pointing_queries
 from tf_twobranch.features.prepare_npair import (CaptionTokens, NPairInputSpec, NPairText, backbone_maps,
                                                  caption_inputs, encode_token_lists, load_backbone_maps,
                                                  spatial_backbone)
@@ -78,6 +78,7 @@ class NPairRecipe(RunRecipe):
     train_parse_mode: str = "word"
     row_metric: str = "auto"
     pointing_counting: str = "phrase"
+    point_rule: str = DEFAULT_POINT_RULE
     # Text.
     word_vectors: str = ""
     word_dim: int = 300
@@ -93,6 +94,8 @@ class NPairRecipe(RunRecipe):
     train_backbone: bool = False
     # Model and loss.
     embed_dim: int = 1024
+    projection_kernel: int = 3
+    projection: str = "conv"
     loss: str = "npair"
     aggregator: str = "max_image"
     token_average: str = "real"
@@ -198,6 +201,7 @@ def build_config(recipe: NPairRecipe, text: NPairText, maps) -> NPairLocalizatio
     return NPairLocalizationConfig(
         vocabulary_size=len(text.vocabulary), map_channels=int(shape[3]), map_size=int(shape[1]),
         word_dim=int(text.word_matrix.shape[1]), embed_dim=recipe.embed_dim, max_tokens=text.max_tokens,
+        projection_kernel=recipe.projection_kernel, projection=recipe.projection,
         loss=recipe.loss, aggregator=recipe.aggregator, token_average=recipe.token_average,
         normalisation=recipe.normalisation, temperature=recipe.temperature, margin=recipe.margin,
         train_word_vectors=recipe.train_word_vectors, train_backbone=recipe.train_backbone)
@@ -228,7 +232,7 @@ def evaluation_split(recipe: NPairRecipe, data: NPairData, vocabulary, *, tokens
         data.maps[recipe.eval_split], tokens.token_ids, corpus.caption_image, protocol=protocol or recipe.protocol,
         token_mask=tokens.token_mask, image_ids=list(corpus.image_ids), queries=queries,
         vocabulary=list(vocabulary), max_words=recipe.max_words, parse_mode=recipe.parse_mode,
-        pointing_counting=recipe.pointing_counting, score_dtype=recipe.retrieval_score_dtype)
+        pointing_counting=recipe.pointing_counting, point_rule=recipe.point_rule, score_dtype=recipe.retrieval_score_dtype)
 
 
 def baseline_pointing(recipe: NPairRecipe, data: NPairData, queries) -> dict:
@@ -238,7 +242,8 @@ def baseline_pointing(recipe: NPairRecipe, data: NPairData, queries) -> dict:
         corpus = data.splits[recipe.eval_split]
         heat = localization_maps.channel_mean_heat_maps(
             localization_maps.RowsById(corpus.image_ids, data.maps[recipe.eval_split]), queries)
-        return localization_maps.pointing_results(queries, heat, counting=recipe.pointing_counting)
+        return localization_maps.pointing_results(queries, heat, counting=recipe.pointing_counting,
+                                                  point_rule=recipe.point_rule)
     return localization_maps.pointing_results(
         queries, points=localization_maps.baseline_points(queries, recipe.row_kind, recipe.seed),
         counting=recipe.pointing_counting)
