@@ -280,7 +280,7 @@ def run_recipe(recipe: NPairRecipe, typed: dict | None = None, flagfile: str | N
     if recipe.export and common.is_chief() and recipe.row_kind == "model":
         from tf_twobranch.export.npair_localization import export_npair_model
         record["export_dir"] = str(export_npair_model(
-            model, run_dir / "export", vocabulary=text.vocabulary,
+            model, run_dir / "export", vocabulary=text.vocabulary, point_rule=recipe.point_rule,
             run_config={"model": config.to_dict(), "typed_flags": typed, "recipe": recipe.to_dict()}))
     record["seconds"] = time.time() - start
     common.write_json(recipe.out_json or run_dir / "results.json", record)

@@ -64,9 +64,9 @@ def _keras_outputs(model, jpegs, captions) -> dict:
                                     encoded.token_mask)
     heat_maps = np.transpose(localization_volume(maps, tokens).numpy(), [0, 3, 1, 2])
     heat_maps = np.where(encoded.token_mask[:, :, None, None], heat_maps, 0.0)
-    # The export's in-graph points follow LocNet's rule (the first maximal pixel of the upsampled map).
-    points = np.array([[heat_map_maximum(m, SIZE, SIZE, "argmax") for m in maps_of_caption]
-                       for maps_of_caption in heat_maps])
+    # The export's in-graph points follow the pointing game's default rule (the arg-max cell's centre).
+    points = np.array([[heat_map_maximum(m, SIZE, SIZE) if on else (0, 0) for m, on in zip(maps_of_caption, mask)]
+                       for maps_of_caption, mask in zip(heat_maps, encoded.token_mask)])
     return {"score": score, "heat_maps": heat_maps, "token_mask": encoded.token_mask, "points": points}
 
 
@@ -129,7 +129,23 @@ def test_points_follow_the_pointing_game_rule(exported):
     np.testing.assert_array_equal(got["token_mask"][0], [False, True, False, False, False, False, False])
     np.testing.assert_array_equal(got["points"][0, [0, 2, 3, 4, 5, 6]], 0)
     np.testing.assert_array_equal(got["heat_maps"][0, [0, 2, 3, 4, 5, 6]], 0.0)
-    assert got["points"][0, 1].tolist() == list(heat_map_maximum(got["heat_maps"][0, 1], SIZE, SIZE, "argmax"))
+    assert got["points"][0, 1].tolist() == list(heat_map_maximum(got["heat_maps"][0, 1], SIZE, SIZE))
+
+
+@pytest.mark.parametrize("rule", ["cell_centre", "argmax"])
+def test_in_graph_points_equal_the_pointing_games_rule(rule):
+    from tf_twobranch.export.npair_localization import heat_map_points
+
+    rng = np.random.default_rng(5)
+    maps = rng.normal(size=(2, 3, 6, 6)).astype(np.float32)
+    maps[0, 1] = 0.0                         # a tie everywhere: the first cell / pixel
+    maps[1, 2, 0, 5] = 9.0                   # the top-right edge cell (LocNet's rule: the edge pixel)
+    mask = np.array([[True, True, False], [True, True, True]])
+    got = heat_map_points(tf.constant(maps), tf.constant(mask), 96, rule).numpy()
+    want = [[heat_map_maximum(m, 96, 96, rule) if on else (0, 0) for m, on in zip(b, mb)]
+            for b, mb in zip(maps, mask)]
+    np.testing.assert_array_equal(got, want)
+    assert got[1, 2].tolist() == ([88, 8] if rule == "cell_centre" else [88, 0])
 
 
 @pytest.mark.parametrize("jpegs,captions,message", [

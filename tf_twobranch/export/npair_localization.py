@@ -14,12 +14,13 @@ Signature ``localize`` (also ``serving_default``), validated in the graph
 * ``token_mask`` bool (B, T): the word positions.
 * ``tokens`` string (B, T): the vocabulary word at each word position, ""
   elsewhere.
-* ``points`` int32 (B, T, 2): (x, y) = (column, row) of the maximum of each
-  map upsampled to the model's S×S input image (bilinear with half-pixel
-  centres, ties to the first pixel in row-major order: the rule of
-  `tf_twobranch.evaluation.pointing_game.heat_map_maximum`, §4.2). A
-  position that is not a word has an all-zero map and so points at (0, 0);
-  read ``token_mask``. Scale x by W/S and y by H/S for the original image.
+* ``points`` int32 (B, T, 2): (x, y) = (column, row) in the model's S×S input
+  image of each map's maximum, by the run's point rule (`point_rule`, the
+  rules of `tf_twobranch.evaluation.pointing_game.heat_map_maximum`, §4.2):
+  the centre pixel of the arg-max cell (default), or LocNet's first maximal
+  pixel of the map upsampled bilinearly; ties to the first in row-major
+  order. A position that is not a word points at (0, 0); read
+  ``token_mask``. Scale x by W/S and y by H/S for the original image.
 
 Images: decoded (JPEGs with the accurate DCT, as PIL) and resized whole to the
 backbone's square input S (aspect ratio not kept, nothing cropped) by
@@ -76,6 +77,7 @@ from tf_twobranch.data.text_codes import TokenCoder
 from tf_twobranch.data.tokenize import PAD_TOKEN, UNK_TOKEN, tokenize_caption
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation import localization_maps
+from tf_twobranch.evaluation.pointing_game import DEFAULT_POINT_RULE, POINT_RULES
 from tf_twobranch.export import serving
 from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
@@ -112,6 +114,34 @@ def _check_vocabulary(vocabulary: Sequence[str], vocabulary_size: int) -> list[s
     return vocabulary
 
 
+def heat_map_points(heat_maps, token_mask, image_size: int, rule: str = DEFAULT_POINT_RULE):
+    """(B, T, 2) int32 (x, y) each (B, T, h, w) map points at in an image_size² input, by the pointing
+    game's `rule` (`pointing_game.heat_map_maximum`, ties to the first in row-major order); (0, 0)
+    where `token_mask` is False."""
+    shape = tf.shape(heat_maps)
+    height, width = shape[2], shape[3]
+
+    def first_maximum(flat):
+        # tf.argmax does not promise which of equal values it returns: take the smallest index at the maximum.
+        at_max = tf.equal(flat, tf.reduce_max(flat, axis=1, keepdims=True))
+        return tf.reduce_min(tf.where(at_max, tf.range(tf.shape(flat)[1])[None, :], tf.shape(flat)[1]), axis=1)
+
+    if rule == "argmax":
+        size = image_size
+        flat_maps = tf.reshape(heat_maps, tf.concat([[-1], shape[2:], [1]], axis=0))
+        first = first_maximum(tf.reshape(tf.image.resize(flat_maps, [size, size], method="bilinear"),
+                                         [-1, size * size]))
+        points = tf.stack([first % size, first // size], axis=1)
+    else:
+        cell = first_maximum(tf.reshape(heat_maps, [-1, height * width]))
+        row, column = cell // width, cell % width
+        # The centre pixel of the cell, in exact integers as the pointing game computes it.
+        points = tf.stack([(2 * column + 1) * image_size // (2 * width),
+                           (2 * row + 1) * image_size // (2 * height)], axis=1)
+    points = tf.reshape(points, tf.concat([shape[:2], [2]], axis=0))
+    return tf.where(tf.cast(token_mask, tf.bool)[:, :, None], points, tf.zeros_like(points))
+
+
 def _first_true(condition):
     """Index of the first True of a (B,) bool tensor (0 when none)."""
     return tf.argmax(tf.cast(condition, tf.int32), output_type=tf.int32)
@@ -121,9 +151,13 @@ class NPairServingModule(tf.Module):
     """The N-pair model from image bytes and caption strings to scores, maps and points."""
 
     def __init__(self, model: NPairLocalizationModel, vocabulary: Sequence[str], *,
-                 gallery: RetrievalGallery | None = None, gallery_block: int | None = None):
+                 gallery: RetrievalGallery | None = None, gallery_block: int | None = None,
+                 point_rule: str = DEFAULT_POINT_RULE):
         super().__init__(name="npair_localization_serving")
         cfg = model.config
+        if point_rule not in POINT_RULES:
+            raise ConfigError(f"point_rule must be one of {POINT_RULES}, got {point_rule!r}")
+        self.point_rule = point_rule
         if model.backbone is None:
             raise ConfigError("export_npair_model needs the model's backbone (image -> spatial map): build the "
                               "model with build_npair_model(..., backbone=...)")
@@ -173,7 +207,7 @@ class NPairServingModule(tf.Module):
             words = tf.gather(tf.constant(self.vocabulary_words, tf.string), token_ids)
             return {"score": score, "heat_maps": heat_maps, "token_mask": token_mask,
                     "tokens": tf.where(token_mask, words, tf.fill(tf.shape(words), "")),
-                    "points": self._points(heat_maps)}
+                    "points": heat_map_points(heat_maps, token_mask, self.image_size, self.point_rule)}
 
         self.localize = localize
         depth = int(cfg.embed_dim)
@@ -246,19 +280,6 @@ class NPairServingModule(tf.Module):
         token_mask.set_shape([None, self.max_tokens])
         return token_ids, token_mask
 
-    # ------------------------------------------------------------------ points
-    def _points(self, heat_maps):
-        """(B, T, 2) int32 (x, y) of each map's maximum at the input size, ties to the first in row-major order."""
-        shape = tf.shape(heat_maps)
-        size = self.image_size
-        flat_maps = tf.reshape(heat_maps, tf.concat([[-1], shape[2:], [1]], axis=0))
-        upsampled = tf.reshape(tf.image.resize(flat_maps, [size, size], method="bilinear"), [-1, size * size])
-        # tf.argmax does not promise which of equal values it returns: take the smallest index at the maximum.
-        at_max = tf.equal(upsampled, tf.reduce_max(upsampled, axis=1, keepdims=True))
-        first = tf.reduce_min(tf.where(at_max, tf.range(size * size)[None, :], size * size), axis=1)
-        points = tf.stack([first % size, first // size], axis=1)
-        return tf.reshape(points, tf.concat([shape[:2], [2]], axis=0))
-
     # ------------------------------------------------------------------ warm-up
     def warmup_requests(self) -> list[tuple[str, dict]]:
         """Two pairs: a grey S×S JPEG and one of another shape (the resize path), two captions."""
@@ -302,7 +323,8 @@ def npair_gallery(model: NPairLocalizationModel, split, image_ids: Sequence[str]
 def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary: Sequence[str],
                        gallery: RetrievalGallery | None = None, gallery_block: int | None = None,
                        run_config: dict | None = None, overwrite: bool = True,
-                       model_name: str = "npair_localization") -> pathlib.Path:
+                       model_name: str = "npair_localization",
+                       point_rule: str = DEFAULT_POINT_RULE) -> pathlib.Path:
     """Writes the serving SavedModel of `model` to `export_dir` (atomically; see the module docstring).
 
     Args:
@@ -320,6 +342,9 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
         vocabulary, the image size, max_words and the signatures.
       overwrite: replace an existing `export_dir`.
       model_name: ``model_spec.name`` in the warm-up requests.
+      point_rule: how ``points`` are read off each heat map, as the run's pointing game
+        (`pointing_game.POINT_RULES`: the arg-max cell's centre, or LocNet's first
+        maximal pixel of the bilinear-upsampled map).
 
     The warm-up requests are run through the signatures before saving (a
     failure raises), as for every family (`save_module_atomically`).
@@ -335,7 +360,8 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
     """
     if pathlib.Path(export_dir).exists() and not overwrite:
         raise FileExistsError(f"{export_dir} exists")
-    module = NPairServingModule(model, vocabulary, gallery=gallery, gallery_block=gallery_block)
+    module = NPairServingModule(model, vocabulary, gallery=gallery, gallery_block=gallery_block,
+                                point_rule=point_rule)
     config = dict(run_config) if run_config else {"model": model.config.to_dict()}
     config["npair_export"] = {
         "vocabulary": list(module.vocabulary_words), "image_size": module.image_size,
@@ -343,6 +369,7 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
         "image_preprocessing": "whole image resized to image_size x image_size by PIL's bilinear rule "
                                "(features.images.tf_pil_resize, as load_images_at_size)",
         "points": "(x, y) = (column, row) in the image_size x image_size input; (0, 0) where token_mask is False",
+        "point_rule": point_rule,
         "signatures": sorted(module.signatures())}
     if gallery is not None:
         config["npair_export"].update(gallery_images=len(gallery.image_ids), gallery_captions=len(gallery.caption_ids))

@@ -418,8 +418,10 @@ def npair_export(run: Run) -> FamilyExport:
                                   gallery_caption_ids(split.image_ids, split.caption_image))
 
     def write(export_dir, gallery, block):
+        # A run recorded before --point_rule existed was scored by LocNet's argmax rule.
         return export_npair_model(run.model, export_dir, vocabulary=vocabulary, gallery=gallery, gallery_block=block,
-                                  run_config={"model": run.model.config.to_dict(), "recipe": recipe})
+                                  run_config={"model": run.model.config.to_dict(), "recipe": recipe},
+                                  point_rule=recipe.get("point_rule", "argmax"))
 
     return FamilyExport("npair_localization", recipe.get("eval_split", "test"), split_gallery,
                         lambda: NPairServingModule(run.model, vocabulary), write, text_inputs=_plain_captions)
