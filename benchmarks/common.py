@@ -8,13 +8,11 @@ state that would bias the next figure.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import platform
 import resource
 import statistics
 import time
-import traceback
 from importlib.metadata import version
 from typing import Any, Callable, Sequence
 
@@ -107,39 +105,10 @@ class PeakRssMeter:
         return max(0, peak - self.baseline_kib) * 1024
 
 
-def _subprocess_entry(conn, fn, args, kwargs):
-    try:
-        conn.send(("ok", fn(*args, **kwargs)))
-    except BaseException as e:  # report, never hang the parent
-        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        conn.close()
-
-
 def run_in_subprocess(fn: Callable, *args, timeout: float | None = 1800, **kwargs) -> Any:
-    """Runs a module-level `fn(*args, **kwargs)` in a fresh spawn subprocess.
-
-    Returns its (picklable) result; raises RuntimeError with the child's
-    traceback if it failed.
-    """
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_subprocess_entry, args=(child, fn, args, kwargs))
-    proc.start()
-    child.close()
-    try:
-        if not parent.poll(timeout):
-            raise RuntimeError(f"{fn.__name__} did not finish within {timeout} s")
-        status, payload = parent.recv()
-    except EOFError:
-        status, payload = "error", f"subprocess died (exit code {proc.join(5) or proc.exitcode})"
-    finally:
-        proc.join(30)
-        if proc.is_alive():
-            proc.terminate()
-    if status != "ok":
-        raise RuntimeError(f"{fn.__name__} failed in subprocess:\n{payload}")
-    return payload
+    """Runs a module-level `fn(*args, **kwargs)` in a fresh spawn subprocess
+    (`tf_twobranch.memory.call_in_fresh_process`) and returns its picklable result."""
+    return memory.call_in_fresh_process(fn, *args, timeout=timeout, **kwargs)
 
 
 def _peak_memory_child(setup, run, setup_args, repeats):

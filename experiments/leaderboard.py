@@ -103,20 +103,25 @@ def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f)
         return {"error": f"not run yet (--reuse_only): {run.flagfile}, seed {seed}"}
     print(f"  {run.flagfile} (seed {seed}): training -> {run_dir}", flush=True)
     try:
-        fv = common.parse_flagfile(module.define_flags, str(common.resolve_config(run.flagfile)), arguments)
-        with lb.measure_row() as cost:
-            record = module.run(fv)
+        record, cost, peak_gb = memory.call_in_fresh_process(
+            train_row, run.experiment, str(common.resolve_config(run.flagfile)), arguments)
     except UserInputError as err:
         logging.warning("%s: %s", run.flagfile, err)
         print(f"    not available: {err}", flush=True)
         return {"error": str(err)}
-    finally:
-        # Every run builds its own models, datasets and traced functions; without this one
-        # process holding seven systems x three seeds grew past 17 GB (killed at the dual path).
-        memory.release_run_memory()
     lb.mark_finished(run_dir, arguments, cost)
-    print(f"    done; this process holds {memory.resident_gb():.1f} GB", flush=True)
+    print(f"    done; its process peaked at {peak_gb:.1f} GB", flush=True)
     return {"record": record, "cost": cost.as_dict(), "reused": False}
+
+
+def train_row(experiment: str, flagfile: str, arguments) -> tuple[dict, "lb.RowCost", float]:
+    """One run, in the fresh process `run_one` starts for it (so the leaderboard's memory is one
+    run's, not the sum of all): (its record, its cost, the process's peak RSS in GB)."""
+    module = importlib.import_module(f"experiments.{experiment}")
+    fv = common.parse_flagfile(module.define_flags, flagfile, arguments)
+    with lb.measure_row() as cost:
+        record = module.run(fv)
+    return record, cost, memory.status_kib("self", ("VmHWM",)).get("VmHWM", 0) * 1024 / 1e9
 
 
 def _max_proposals(system_runs: dict) -> int | None:

@@ -40,3 +40,33 @@ def test_a_finished_process_has_no_status():
                           capture_output=True, text=True, check=True)
     assert memory.status_kib(int(proc.stdout)) == {}
     assert np.isnan(memory.resident_gb(int(proc.stdout)))
+
+
+def _pid_and_allocation(megabytes):
+    import os
+    block = np.ones(megabytes * 2**20 // 8)
+    return os.getpid(), memory.status_kib("self", ("VmHWM",))["VmHWM"], float(block[0])
+
+
+def _raise(kind):
+    from tf_twobranch.errors import UserInputError
+    if kind == "user":
+        raise UserInputError("bad flag")
+    import os
+    os._exit(3)
+
+
+def test_a_call_in_a_fresh_process_returns_its_result_and_leaves_nothing_here():
+    import os
+    before = memory.status_kib("self", ("VmRSS",))["VmRSS"]
+    pid, child_peak_kib, value = memory.call_in_fresh_process(_pid_and_allocation, 200)
+    assert pid != os.getpid() and value == 1.0 and child_peak_kib > 200 * 1024
+    assert memory.status_kib("self", ("VmRSS",))["VmRSS"] - before < 50 * 1024
+
+
+def test_a_fresh_process_raises_a_users_error_as_itself_and_a_crash_as_runtime_error():
+    from tf_twobranch.errors import UserInputError
+    with pytest.raises(UserInputError, match="bad flag"):
+        memory.call_in_fresh_process(_raise, "user")
+    with pytest.raises(RuntimeError, match="died"):
+        memory.call_in_fresh_process(_raise, "crash")
