@@ -41,7 +41,7 @@ from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.text_codes import build_text_vocabulary, initial_word_matrix
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN, tokenize_caption
 from tf_twobranch.data.formats.row_arrays import (FEATURE_DTYPES, SHARD_BYTES, ShardedRowWriter,
-                                                 check_finite_rows, open_rows, storage_dtype)
+                                                 check_finite_once, open_rows, storage_dtype)
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.features.backbones import build_spatial_backbone
 from tf_twobranch.features.images import load_images_at_size
@@ -177,7 +177,7 @@ def load_backbone_maps(path, *, expected_images: int | None = None):
     if expected_images is not None and len(maps) != expected_images:
         raise DataFormatError(path, f"{len(maps)} images of backbone maps, expected {expected_images} (one per "
                               "image of the split, in split order)")
-    check_finite_rows(maps, path, what="images' maps")
+    check_finite_once(path, maps, what="images' maps")   # read whole once per version of the file
     return maps
 
 
