@@ -65,11 +65,13 @@ class NPairInputSpec:
     max_words: int = 20
     seed: int = 0
     feature_dtype: str = "float32"   # storage of the cached backbone maps (row_arrays.FEATURE_DTYPES)
+    # The maps come from files (--backbone_maps): no backbone runs, so none needs weights.
+    precomputed_maps: bool = False
 
     def validate(self) -> None:
         if self.image_backbone not in BACKBONES:
             raise ConfigError(f"image_backbone must be one of {BACKBONES}, got {self.image_backbone!r}")
-        if self.image_backbone != "scene_cnn" and not self.backbone_weights:
+        if self.image_backbone != "scene_cnn" and not self.backbone_weights and not self.precomputed_maps:
             raise UserInputError(f"image_backbone={self.image_backbone} needs --backbone_weights (a local "
                                  "ImageNet weights file, e.g. vgg19_weights_tf_dim_ordering_tf_kernels.h5; "
                                  "nothing is downloaded), or --image_backbone=scene_cnn")
