@@ -46,3 +46,21 @@ def test_synthetic_folder_reads_as_a_dataset(tmp_path):
     rows = scale_data.write_random_rows(tmp_path / "f.npy", (7, 3, 2), "float16", nonnegative=True)
     stored = np.load(rows)
     assert stored.dtype == np.float16 and stored.shape == (7, 3, 2) and stored.min() >= 0
+
+
+def test_text_features_is_a_named_system_of_five_captions_per_image(tmp_path):
+    command = bench_scale.BUILDERS["text_features"](tmp_path / "f", 29_000, 100, "float32", tmp_path / "r")
+    assert command[1:3] == ["-m", "benchmarks.bench_text_features"] and "--captions=145000" in command
+    assert "text_features" not in bench_scale.SYSTEMS     # minutes per size: run when named
+
+
+@pytest.mark.skipif(not (scale_data.REALDATA / "flickr30k").is_dir(), reason="needs ../shared/realdata/flickr30k")
+def test_text_feature_benchmark_measures_fit_and_encoding_of_real_captions(tmp_path):
+    from benchmarks import bench_text_features
+
+    captions = bench_text_features.real_captions(155_075)
+    assert len(captions) == 155_075 and captions[-5:] == captions[:5]   # dealt out again from the start
+    result = bench_text_features.run(400, pca_dim=16, work_dir=tmp_path, components=3, word_dim=12)
+    assert set(result["steps"]) == {"tokens", "fit", "encode"}
+    assert result["steps"]["fit"]["output_dim"] == 16 and result["peak_rss_mb"] >= result["peak_anon_mb"] > 0
+    assert not list(tmp_path.glob("*.npy"))

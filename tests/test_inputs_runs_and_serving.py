@@ -216,3 +216,22 @@ def test_every_experiment_records_its_task():
         for name in re.findall(r"from tf_twobranch\.pipelines import (\w+)", source):
             source += (REPO_ROOT / "tf_twobranch" / "pipelines" / f"{name}.py").read_text(encoding="utf-8")
         assert f'"task": "{task.name}"' in source, task.experiment
+
+
+def test_load_run_on_a_cca_run_says_what_it_is(tmp_path):
+    # Issue 39: "load_run on a CCA run says 'needs run_config.json'".
+    import json
+
+    from tf_twobranch.errors import UserInputError
+    from tf_twobranch.runs import load_run, run_results
+
+    run = tmp_path / "cca_row"
+    run.mkdir()
+    record = {"row": "image_sentence", "task": "image_sentence_retrieval", "flags": {"model": "cca"},
+              "metrics": {"i2t_r1": 9.7, "i2t_r5": 26.2}}
+    (run / "results.json").write_text(json.dumps(record))
+    with pytest.raises(UserInputError, match=r"CCA baseline run.*results\.json \(i2t_r1 9\.7, i2t_r5 26\.2\)"
+                                             r".*--model=embedding") as err:
+        load_run(run)
+    assert "run_config.json" not in str(err.value)
+    assert run_results(run, run)["metrics"]["i2t_r1"] == 9.7

@@ -293,3 +293,23 @@ def test_split_paths_flag_names_the_flag():
     assert common.split_paths("backbone_maps", ["train=a.npy", "test=b"]) == {"train": "a.npy", "test": "b"}
     with pytest.raises(common.UserInputError, match="--backbone_maps takes split=path"):
         common.split_paths("backbone_maps", ["a.npy"])
+
+
+def test_precomputed_maps_need_no_backbone_weights(tiny_data, tmp_path):
+    # Issue 39: --backbone_maps with --image_backbone=vgg19 asked for --backbone_weights,
+    # though with maps given no backbone runs.
+    from tf_twobranch.errors import UserInputError
+    from tf_twobranch.pipelines import npair_localization as pipeline
+
+    layout, splits = tiny_data
+    files = {}
+    for split, corpus in splits.items():
+        files[split] = tmp_path / f"{split}_maps.npy"
+        np.save(files[split], np.ones((corpus.num_images, 2, 2, 4), np.float32))
+    recipe = pipeline.NPairRecipe(dataset_dir=str(layout.root), image_backbone="vgg19", export=False,
+                                  backbone_maps=tuple(f"{s}={f}" for s, f in files.items()),
+                                  features_cache=str(tmp_path / "cache"), word_dim=8)
+    data = pipeline.load_data(recipe)
+    assert data.backbone is None and data.maps["train"].shape == (splits["train"].num_images, 2, 2, 4)
+    with pytest.raises(UserInputError, match="needs --backbone_weights"):
+        pipeline.input_spec(pipeline.NPairRecipe(image_backbone="vgg19"))

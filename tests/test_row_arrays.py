@@ -144,3 +144,117 @@ def test_a_killed_builds_temporary_file_is_removed_and_a_running_ones_kept(tmp_p
         out[:] = 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["maps.npy", running.name, other.name])
     assert R.temp_beside(path) == tmp_path / f".tmp_{os.getpid()}_maps.npy"
+
+
+# ---------------------------------------------------------------- issue 39, item 10: RSS and scans once
+
+def _rss_file_kib() -> int:
+    from tf_twobranch import memory
+    return memory.status_kib("self", ("RssFile",)).get("RssFile", 0)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc/self/status")
+def test_writing_and_checking_rows_maps_no_pages_into_the_process(tmp_path):
+    # Written through the map, every page of the output counted in the process's RSS (13.6 GB of
+    # COCO sentence features); written with pwrite and read back with pread, none does.
+    rows, dim = 4096, 4096                                   # 64 MB of float32
+    block = np.ones((256, dim), np.float32)
+    path = tmp_path / "big.npy"
+    before = _rss_file_kib()
+    with R.RowWriter(path, (rows, dim), np.float32) as out:
+        for start in range(0, rows, 256):
+            out[start:start + 256] = block
+        written = _rss_file_kib() - before
+        R.check_finite_rows(out.array, path)
+        checked = _rss_file_kib() - before
+    assert written < 16 << 10, f"writing mapped {written >> 10} MB"
+    assert checked < 16 << 10, f"the finite check mapped {checked >> 10} MB"
+    stored = np.load(path, mmap_mode="r")
+    assert stored.shape == (rows, dim) and float(stored[-1, -1]) == 1.0 and float(stored[0, 0]) == 1.0
+
+
+def test_read_rows_equals_slicing_for_maps_views_and_shards(tmp_path):
+    data = np.arange(7 * 3 * 2, dtype=np.float16).reshape(7, 3, 2)
+    np.save(tmp_path / "a.npy", data)
+    mapped = R.open_rows(tmp_path / "a.npy")
+    for start, stop in ((0, 7), (2, 5), (6, 9), (4, 4)):
+        np.testing.assert_array_equal(R.read_rows(mapped, start, stop), data[start:stop])
+        np.testing.assert_array_equal(R.read_rows(mapped[1:], start, stop), data[1:][start:stop])
+    writer = R.ShardedRowWriter(tmp_path / "s", (3, 2), np.float16, shard_bytes=2 * 3 * 2 * 2)
+    writer.append(data)
+    sharded = writer.finish()
+    np.testing.assert_array_equal(R.read_rows(sharded, 1, 6), data[1:6])
+    # a broadcast row and a scalar are written as the map would have written them
+    with R.RowWriter(tmp_path / "b.npy", (4, 2), np.float32) as out:
+        out[0:2] = np.array([1.0, 2.0])
+        out[2:4] = 3
+        out[1] = np.array([5.0, 6.0])
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), [[1, 2], [5, 6], [3, 3], [3, 3]])
+
+
+def test_a_file_is_scanned_once_per_version(tmp_path, monkeypatch):
+    from tf_twobranch.data.formats import load_feature_matrix
+    from tf_twobranch.data.formats import features as F
+
+    calls = []
+    real = F._check_finite
+    monkeypatch.setattr(F, "_check_finite", lambda *a: calls.append(a[0]) or real(*a))
+    path = tmp_path / "f.npy"
+    np.save(path, np.ones((50, 8), np.float32))
+    load_feature_matrix(path, expected_rows=50)
+    load_feature_matrix(path, expected_rows=50)
+    assert len(calls) == 1                                   # the second load read the record
+    assert (tmp_path / "f.npy.checked.json").is_file()
+    # An edit that keeps the size and (restored) time is noticed by the sampled bytes
+    stat = os.stat(path)
+    bad = np.ones((50, 8), np.float32)
+    bad[0, 3] = np.nan
+    np.save(path, bad)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(DataFormatError, match="NaN/inf"):
+        load_feature_matrix(path, expected_rows=50)
+    assert len(calls) == 2
+    np.save(path, np.ones((50, 8), np.float32) * 2)
+    load_feature_matrix(path, expected_rows=50)
+    assert len(calls) == 3
+
+
+def test_backbone_maps_and_fragments_are_scanned_once(tmp_path, monkeypatch):
+    from tf_twobranch.features import image_fragments
+    from tf_twobranch.features.prepare_npair import load_backbone_maps
+
+    scans = []
+    real_check = R.check_finite_rows
+    monkeypatch.setattr(R, "check_finite_rows", lambda *a, **k: scans.append("maps") or real_check(*a, **k))
+    np.save(tmp_path / "maps.npy", np.ones((4, 2, 2, 3), np.float16))
+    for _ in range(3):
+        load_backbone_maps(tmp_path / "maps.npy", expected_images=4)
+    assert scans == ["maps"]
+
+    real_mask = image_fragments._padding_mask
+    monkeypatch.setattr(image_fragments, "_padding_mask", lambda *a, **k: scans.append("mask") or real_mask(*a, **k))
+    fragments = np.ones((5, 4, 3), np.float32)
+    fragments[2, 1:] = 0
+    np.save(tmp_path / "frag.npy", fragments)
+    masks = [image_fragments.load_fragment_features(tmp_path / "frag.npy", expected_images=5)[1] for _ in range(3)]
+    assert scans == ["maps", "mask"]
+    for mask in masks:
+        np.testing.assert_array_equal(mask, np.abs(fragments).sum(axis=2) > 0)
+    fragments[0, 0, 0] = np.inf
+    np.save(tmp_path / "frag.npy", fragments)
+    with pytest.raises(DataFormatError, match="NaN or inf"):
+        image_fragments.load_fragment_features(tmp_path / "frag.npy", expected_images=5)
+
+
+def test_a_read_only_folder_keeps_its_record_in_the_user_cache(tmp_path, monkeypatch):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    np.save(folder / "f.npy", np.ones((3, 2), np.float32))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(R.os, "access", lambda path, mode: False)
+    record = R.scan_record_path(folder / "f.npy")
+    assert str(record).startswith(str(tmp_path / "home" / ".cache" / "tf_twobranch"))
+    calls = []
+    R.checked_once(folder / "f.npy", "x", lambda: calls.append(1) or {"ok": 1})
+    assert R.checked_once(folder / "f.npy", "x", lambda: calls.append(1) or {"ok": 1}) == {"ok": 1}
+    assert calls == [1] and record.is_file()

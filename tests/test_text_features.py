@@ -207,3 +207,66 @@ def test_extract_text_features_cli(tmp_path):
                       f"--train_split={tmp_path / 'train.txt'}", "--encoder=bert", f"--out_dir={out_dir}")
     assert bad.returncode != 0
     assert "unknown; choose one of" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---------------------------------------------------------------- memory (issue 39, item 10)
+
+def _traced_peak(fn):
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def _many_words(count=400, dim=50, seed=0):
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(count)]
+    return words, WordVectors(words, rng.standard_normal((count, dim)).astype(np.float32))
+
+
+def test_fisher_vector_batch_is_normalised_in_place():
+    # The float64 FVs of a batch (2000 x 18000 = 288 MB at paper size) were copied four times by
+    # the power and L2 normalisation (peak ~5x the batch); in place it is the batch, its mask and
+    # the float32 result.
+    rng = np.random.default_rng(3)
+    k, d, sentences = 8, 50, 500
+    weights = np.full(k, 1.0 / k)
+    means, scales = rng.standard_normal((k, d)), rng.random((k, d)) + 0.5
+    x = rng.standard_normal((5000, d))
+    owner = np.sort(rng.integers(0, sentences, 5000))
+    batch_bytes = sentences * 2 * k * d * 8
+    peak = _traced_peak(lambda: fisher_vectors(x, owner, sentences, "hglmm", weights, means, scales))
+    assert peak < 3.0 * batch_bytes, f"peak {peak / batch_bytes:.2f}x the float64 batch"
+
+
+def test_fisher_vector_normalisation_keeps_its_values():
+    rng = np.random.default_rng(4)
+    k, d, sentences = 3, 6, 40
+    weights = np.full(k, 1.0 / k)
+    means, scales = rng.standard_normal((k, d)), rng.random((k, d)) + 0.5
+    x = rng.standard_normal((300, d))
+    owner = np.sort(rng.integers(0, sentences, 300))
+    owner[owner == 5] = 6                                     # sentence 5 has no words
+    raw = fisher_vectors(x, owner, sentences, "hglmm", weights, means, scales, normalize=False).astype(np.float64)
+    expected = np.sign(raw) * np.sqrt(np.abs(raw))
+    norms = np.linalg.norm(expected, axis=1, keepdims=True)
+    expected = np.divide(expected, norms, out=np.zeros_like(expected), where=norms > 0)
+    got = fisher_vectors(x, owner, sentences, "hglmm", weights, means, scales)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert not got[5].any()
+
+
+def test_pca_of_fisher_vectors_centres_its_sample_in_place():
+    # sklearn's PCA copied the (pca_max_sentences x fv_dim) sample to centre it: 2 x 1.44 GB at
+    # the papers' 20,000 x 18000. The sample is the fit's one large array now.
+    words, vectors = _many_words()
+    rng = np.random.default_rng(5)
+    sentences = [[words[j] for j in rng.integers(0, len(words), 10)] for _ in range(3000)]
+    encoder = FisherVectorEncoder(vectors, num_components=8, pca_dim=100, max_iter=3, batch_size=500)
+    sample_bytes = 3000 * encoder.fv_dim * 4
+    peak = _traced_peak(lambda: encoder.fit(sentences))
+    assert peak < 2.6 * sample_bytes, f"fit peak {peak / sample_bytes:.2f}x the PCA sample"

@@ -131,8 +131,32 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
                              "results.json or run_config.json with its task, or a model "
                              "configuration (run_config.json, dual_path_config.json, "
                              "fragment_config.json, npair_config.json) here or in stage1/, stage2/")
+    _refuse_a_cca_run(run_dir, found[0].name)
     module, function = RUN_LOADERS[found[0].name].split(":")
     return getattr(importlib.import_module(module), function)(run_dir, checkpoint)
+
+
+def _refuse_a_cca_run(run_dir: pathlib.Path, task: str) -> None:
+    """A CCA baseline row (``--model=cca``) trains no network and keeps no model: it fits CCA in
+    closed form and evaluates it in the same process. Said plainly, with what the folder does
+    hold, instead of "needs run_config.json"."""
+    results = run_dir / "results.json"
+    if task not in ("image_sentence_retrieval", "phrase_localization") or not results.is_file():
+        return
+    record = read_json_object(results, "experiment results")
+    flags = record.get("flags") if isinstance(record.get("flags"), dict) else {}
+    if flags.get("model") != "cca" or (run_dir / TwoBranchConfig.FILE_NAME).exists():
+        return
+    metrics = record.get("metrics")
+    summary = ""
+    if isinstance(metrics, dict):
+        shown = [f"{k} {v:.1f}" for k, v in metrics.items() if isinstance(v, (int, float))][:4]
+        summary = f" ({', '.join(shown)}{', ...' if len(metrics) > len(shown) else ''})" if shown else ""
+    raise UserInputError(
+        f"{run_dir}: a CCA baseline run (--model=cca): CCA is fitted in closed form and evaluated in "
+        f"the same run, so the folder keeps its metrics in results.json{summary} but no model for "
+        "load_run to load (read the metrics with tf_twobranch.runs.run_results(run_dir, run_dir)). "
+        "A loadable, exportable model comes from the same row with --model=embedding or --model=similarity")
 
 
 def load_two_branch_run(run_dir: pathlib.Path, checkpoint: str) -> Run:

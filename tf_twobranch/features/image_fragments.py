@@ -24,8 +24,8 @@ import keras
 import numpy as np
 
 from tf_twobranch.data.formats.images import load_image
-from tf_twobranch.data.formats.row_arrays import (FEATURE_DTYPES, RowWriter, ShardedRowWriter, open_rows,
-                                                  rows_in_blocks)
+from tf_twobranch.data.formats.row_arrays import (FEATURE_DTYPES, RowWriter, ShardedRowWriter, checked_once,
+                                                  open_rows, pack_mask, read_rows, rows_in_blocks, unpack_mask)
 from tf_twobranch.errors import ConfigError, DataFormatError
 from tf_twobranch.features.image_features import extract_region_features
 
@@ -87,6 +87,18 @@ def extract_fragment_features(image_paths: Mapping[str, str | os.PathLike] | Seq
     return (features if writer is None else writer.finish()), mask
 
 
+def _recorded_padding_mask(array, path: str) -> np.ndarray:
+    """`_padding_mask` of the file `path`, computed once per version of the file and kept in a
+    record beside it (`row_arrays.checked_once`): a later load reads neither the 37 GB of COCO
+    fragments nor the page cache they would evict."""
+    packed = checked_once(path, "fragment_padding_mask", lambda: pack_mask(_padding_mask(array, path)))
+    mask = unpack_mask(packed)
+    if mask.shape != tuple(array.shape[:2]):
+        raise DataFormatError(path, f"its scan record holds a {mask.shape} mask for {tuple(array.shape[:2])} "
+                              f"rows; delete {path}.checked.json")
+    return mask
+
+
 def _padding_mask(array, source, converted=None) -> np.ndarray:
     """The (N, F) mask of `array` (an all-zero fragment row is padding), checking every value is
     finite; one pass, block by block. With `converted` (a writable array of `array`'s shape) each
@@ -94,7 +106,7 @@ def _padding_mask(array, source, converted=None) -> np.ndarray:
     mask = np.zeros(array.shape[:2], bool)
     first_bad, bad = None, 0
     for start, stop in rows_in_blocks(array):
-        block = np.asarray(array[start:stop])
+        block = read_rows(array, start, stop)   # through the file: the pass leaves RSS as it was
         if converted is not None:
             block = block.astype(converted.dtype)
             converted[start:stop] = block
@@ -132,9 +144,10 @@ def _converted_copy(source: str, dataset, target: np.dtype, cache_dir, key: str 
     path = os.path.join(os.fspath(cache_dir), f"fragment_features_{target.name}_{name}.npy")
     if os.path.isfile(path):
         converted = open_rows(path)
-        return converted, _padding_mask(converted, path)
+        return converted, _recorded_padding_mask(converted, path)
     with RowWriter(path, dataset.shape, target) as out:
-        mask = _padding_mask(dataset, source, out.array)
+        mask = _padding_mask(dataset, source, out)
+    checked_once(path, "fragment_padding_mask", lambda: pack_mask(mask))   # the pass just made
     return open_rows(path), mask
 
 
@@ -196,5 +209,5 @@ def _checked_rows(path: str, array, expected_images, wanted, cache_dir, key):
     _check_shape(path, array, expected_images)
     target = _stored_dtype(np.dtype(array.dtype), wanted)
     if target == array.dtype:
-        return array, _padding_mask(array, path)
+        return array, _recorded_padding_mask(array, path)
     return _converted_copy(path, array, target, cache_dir, key)

@@ -41,7 +41,7 @@ from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.text_codes import build_text_vocabulary, initial_word_matrix
 from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN, tokenize_caption
 from tf_twobranch.data.formats.row_arrays import (FEATURE_DTYPES, SHARD_BYTES, ShardedRowWriter,
-                                                 check_finite_rows, open_rows, storage_dtype)
+                                                 check_finite_once, open_rows, storage_dtype)
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.features.backbones import build_spatial_backbone
 from tf_twobranch.features.images import load_images_at_size
@@ -65,11 +65,13 @@ class NPairInputSpec:
     max_words: int = 20
     seed: int = 0
     feature_dtype: str = "float32"   # storage of the cached backbone maps (row_arrays.FEATURE_DTYPES)
+    # The maps come from files (--backbone_maps): no backbone runs, so none needs weights.
+    precomputed_maps: bool = False
 
     def validate(self) -> None:
         if self.image_backbone not in BACKBONES:
             raise ConfigError(f"image_backbone must be one of {BACKBONES}, got {self.image_backbone!r}")
-        if self.image_backbone != "scene_cnn" and not self.backbone_weights:
+        if self.image_backbone != "scene_cnn" and not self.backbone_weights and not self.precomputed_maps:
             raise UserInputError(f"image_backbone={self.image_backbone} needs --backbone_weights (a local "
                                  "ImageNet weights file, e.g. vgg19_weights_tf_dim_ordering_tf_kernels.h5; "
                                  "nothing is downloaded), or --image_backbone=scene_cnn")
@@ -177,7 +179,7 @@ def load_backbone_maps(path, *, expected_images: int | None = None):
     if expected_images is not None and len(maps) != expected_images:
         raise DataFormatError(path, f"{len(maps)} images of backbone maps, expected {expected_images} (one per "
                               "image of the split, in split order)")
-    check_finite_rows(maps, path, what="images' maps")
+    check_finite_once(path, maps, what="images' maps")   # read whole once per version of the file
     return maps
 
 

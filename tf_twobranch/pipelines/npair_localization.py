@@ -158,7 +158,7 @@ def input_spec(recipe: NPairRecipe) -> NPairInputSpec:
     spec = NPairInputSpec(image_backbone=recipe.image_backbone, backbone_weights=recipe.backbone_weights or None,
                           scene_cnn_epochs=recipe.scene_cnn_epochs, word_vectors=recipe.word_vectors or None,
                           word_dim=recipe.word_dim, max_words=recipe.max_words, seed=recipe.seed,
-                          feature_dtype=recipe.feature_dtype)
+                          feature_dtype=recipe.feature_dtype, precomputed_maps=bool(recipe.backbone_maps))
     spec.validate()
     return spec
 

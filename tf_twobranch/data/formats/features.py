@@ -38,7 +38,8 @@ import h5py
 import numpy as np
 
 from tf_twobranch.data.formats._common import check_exists
-from tf_twobranch.data.formats.row_arrays import (BLOCK_BYTES, RowWriter, check_finite_rows, open_rows,
+from tf_twobranch.data.formats.row_arrays import (BLOCK_BYTES, RowWriter, check_finite_rows, checked_once,
+                                                  open_rows, read_rows,
                                                   rows_in_blocks, storage_dtype)
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
@@ -196,7 +197,7 @@ def _check_finite(path: str, key: str, matrix) -> None:
         values = rows = 0
         first = None
         for start, stop in rows_in_blocks(matrix, BLOCK_BYTES):
-            bad = ~np.isfinite(np.asarray(matrix[start:stop]))
+            bad = ~np.isfinite(read_rows(matrix, start, stop))
             bad_rows = np.flatnonzero(bad.any(axis=1))
             values += int(bad.sum())
             rows += bad_rows.size
@@ -271,7 +272,10 @@ def _finish(path: str, key: str, stored, is_hdf5: bool, layout: str, expected_ro
     else:  # .npz / .mat v5 / a .npy numpy could not map: already in memory
         matrix = np.ascontiguousarray(stored.T if transpose else stored, dtype=want)
     if check_finite:
-        _check_finite(path, key, matrix)
+        # Once per version of the file (a record beside it): at COCO size every load
+        # otherwise streamed the whole file through the page cache again.
+        checked_once(path, f"finite:{key}:{want.name}:{'T' if transpose else 'rows'}",
+                     lambda: _check_finite(path, key, matrix) or {"finite": True})
     return matrix
 
 
