@@ -15,10 +15,10 @@ every ``python`` block (given to ``python -`` as written) of the two files,
 in order, in the clone's root. Nothing is appended to a command. A block is
 left out only under a ``<!-- newcomer: skip: <reason> -->`` line right above
 its fence (a marker without a reason is an error). Per command: exit code,
-wall seconds and the peak RSS of its process tree (the summed RSS of the
-command and its descendants, sampled every 0.2 s). The run stops at the first
+wall seconds and the peak memory of its process tree (the summed proportional
+set size of the command and its descendants, sampled every 0.2 s). The run stops at the first
 failing command (``--keep_going`` runs the rest) and exits non-zero then, or
-when any command passed `--max_rss_gb`. Not a unit test: the README's main
+when any command passed `--max_gb`. Not a unit test: the README's main
 job, its test suite and the tables take an hour or more on 2 cores.
 """
 from __future__ import annotations
@@ -135,8 +135,25 @@ def _children(pid: int, table: dict[int, list[int]]) -> list[int]:
     return out
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Summed RSS of `pid` and its descendants (0 where /proc cannot be read)."""
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size (shared pages divided among their sharers); RSS where smaps_rollup is missing."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def tree_memory_bytes(pid: int) -> int:
+    """Summed proportional set size of `pid` and its descendants: the memory the tree holds, each
+    shared page counted once (forked test processes share most of theirs, so summed RSS overstates)."""
     table: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -146,14 +163,7 @@ def tree_rss_bytes(pid: int) -> int:
                 table.setdefault(ppid, []).append(int(entry))
             except (OSError, ValueError, IndexError):
                 continue
-    total = 0
-    for p in _children(pid, table):
-        try:
-            with open(f"/proc/{p}/statm", encoding="ascii") as statm:
-                total += int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+    return sum(_pss_bytes(p) for p in _children(pid, table))
 
 
 def run_command(command: Command, cwd: pathlib.Path, env: dict, log, timeout: float) -> dict:
@@ -166,7 +176,7 @@ def run_command(command: Command, cwd: pathlib.Path, env: dict, log, timeout: fl
 
     def sample():
         while not done.wait(0.2):
-            peak[0] = max(peak[0], tree_rss_bytes(proc.pid))
+            peak[0] = max(peak[0], tree_memory_bytes(proc.pid))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -181,7 +191,7 @@ def run_command(command: Command, cwd: pathlib.Path, env: dict, log, timeout: fl
     finally:
         done.set()
         sampler.join()
-    return {"rc": rc, "seconds": time.perf_counter() - started, "peak_rss_gb": peak[0] / 1e9}
+    return {"rc": rc, "seconds": time.perf_counter() - started, "peak_gb": peak[0] / 1e9}
 
 
 def _environment(venv: pathlib.Path) -> dict:
@@ -205,7 +215,7 @@ def main(argv=None) -> int:
     parser.add_argument("--venv", default="", help="an existing virtual environment instead of a fresh one")
     parser.add_argument("--keep_going", action="store_true", help="run the rest after a failure")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds per command")
-    parser.add_argument("--max_rss_gb", type=float, default=8.0, help="a command above this fails the run")
+    parser.add_argument("--max_gb", type=float, default=8.0, help="a command above this fails the run")
     parser.add_argument("--out_json", default=str(REPO / "benchmarks/results/newcomer.json"))
     args = parser.parse_args(argv)
 
@@ -253,19 +263,19 @@ def main(argv=None) -> int:
             log.write(f"\n===== {where} [{c.section}]\n{c.text}\n")
             log.flush()
             r = run_command(c, clone, env, log, args.timeout)
-            ok = r["rc"] == 0 and r["peak_rss_gb"] <= args.max_rss_gb
+            ok = r["rc"] == 0 and r["peak_gb"] <= args.max_gb
             failed |= not ok
-            rows.append([where, _short(c.text, 60), r["rc"], round(r["seconds"], 1), round(r["peak_rss_gb"], 2),
-                         "" if ok else ("over --max_rss_gb" if r["rc"] == 0 else f"see {log_path}")])
-            print(f"{where}: rc {r['rc']}, {r['seconds']:.0f} s, peak {r['peak_rss_gb']:.2f} GB: "
+            rows.append([where, _short(c.text, 60), r["rc"], round(r["seconds"], 1), round(r["peak_gb"], 2),
+                         "" if ok else ("over --max_gb" if r["rc"] == 0 else f"see {log_path}")])
+            print(f"{where}: rc {r['rc']}, {r['seconds']:.0f} s, peak {r['peak_gb']:.2f} GB: "
                   f"{_short(c.text, 70)}", flush=True)
-    lines.append(common.format_table(["where", "command", "rc", "seconds", "peak RSS GB", "note"], rows,
+    lines.append(common.format_table(["where", "command", "rc", "seconds", "peak PSS GB", "note"], rows,
                                      title=f"README and SERVING.md as written (commit {report['commit'][:10]})"))
     report["rows"] = rows
     report["passed"] = not failed
     common.finish_report(report, lines, started, args.out_json)
     (pathlib.Path(args.out_json).with_suffix(".md")).write_text(
-        "\n".join(["| where | command | rc | s | peak RSS GB | note |", "|---|---|---|---|---|---|"] +
+        "\n".join(["| where | command | rc | s | peak PSS GB | note |", "|---|---|---|---|---|---|"] +
                   ["| " + " | ".join(str(v).replace("|", "\\|") for v in r) + " |" for r in rows]) + "\n",
         encoding="utf-8")
     write_json(args.out_json, report)

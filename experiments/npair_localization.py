@@ -49,16 +49,9 @@ from tf_twobranch.pipelines.npair_localization import NPairRecipe
 from tf_twobranch.sampling import npair_batches
 from tf_twobranch.training import trainer
 
-# The embedded scenes: 2,500 training images of 96² (the scene CNN's last conv map is 6×6×128),
-# a ~130-word vocabulary. The profile keeps the paper's structure (batch 64 of distinct images,
-# N-pair over the batch, S_MaxImage, SGD with momentum, lr × 0.1 steps) at a size this 2-core
-# CPU trains in a few minutes per row (BUILD_NOTES.md).
-# Two choices make its heat maps localize (issue 39): the "centred" projection, because S_MaxImage
-# is blind to a translation of the projected map and the code's 3x3 convolution learns one (up to
-# a cell: a 16-px cell is a digit's size on these 6x6 maps); and fine-tuned word vectors, because
-# the PPMI-SVD stand-ins for GloVe learnt from the template captions give the digit words nearly
-# one vector (cos 0.8-0.9: they occur in the same contexts), so frozen they cannot tell a "seven"
-# from a "zero".
+# The embedded scenes (6×6×128 scene-CNN maps, ~130 words): the paper's structure at a few CPU minutes a
+# row; the "centred" projection (S_MaxImage is blind to the translation a 3x3 one learns) and fine-tuned
+# word vectors (the PPMI-SVD digit words are nearly one vector) make its maps localize (BUILD_NOTES.md).
 EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 6, "lr_decay_epochs": 4,
                     "learning_rate": 0.01, "projection": "centred", "train_word_vectors": True}
 
@@ -97,16 +90,13 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "phrase: one trial per phrase, a hit inside any of its boxes (the paper); per_box: "
                       "one trial per ground-truth box (the authors' code).", **d)
     flags.DEFINE_enum("point_rule", pointing_game.DEFAULT_POINT_RULE, list(pointing_game.POINT_RULES),
-                      "The pixel a heat map points at: cell_centre, the centre of the map's arg-max cell (the "
-                      "paper's 'most confident region'); argmax, the first maximal pixel of the bilinear-"
-                      "upsampled map (the authors' code: an edge cell then points at the image's edge pixel). "
-                      "Every row records the accuracy under both.", **d)
+                      "cell_centre: the centre of the map's arg-max cell (the paper); argmax: the first maximal "
+                      "pixel of the upsampled map (the code). Rows record both.", **d)
     # Text.
     common.define_word_vector_flags(fv, word_dim_help="Word vector size (GloVe: 300).", word_dim=300)
-    flags.DEFINE_integer("max_words", 20, "Words per caption (longer ones are not trained on and are "
-                         "clipped for evaluation).", lower_bound=1, **d)
-    flags.DEFINE_bool("train_word_vectors", False, "Fine-tune the word vectors (the code keeps GloVe fixed).",
-                      **d)
+    flags.DEFINE_integer("max_words", 20, "Words per caption (longer: not trained on, clipped in evaluation).",
+                         lower_bound=1, **d)
+    flags.DEFINE_bool("train_word_vectors", False, "Fine-tune the word vectors (the code: GloVe fixed).", **d)
     # Image.
     flags.DEFINE_string("features_cache", "", "Where backbone maps are cached (default <dataset_dir>/features).",
                         **d)
@@ -125,12 +115,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     # Model and loss.
     flags.DEFINE_integer("embed_dim", 1024, "d: channels of the projected map and the LSTM size.",
                          lower_bound=1, **d)
-    flags.DEFINE_integer("projection_kernel", 3, "Size of the convolution projecting the backbone map to d "
-                         "channels (the code: 3x3; the paper does not say).", lower_bound=1, **d)
+    flags.DEFINE_integer("projection_kernel", 3, "Projection kernel size (the code: 3).", lower_bound=1, **d)
     flags.DEFINE_enum("projection", "conv", ["conv", "centred"],
-                      "conv: a projection_kernel² convolution (the code), free to translate the map (S_MaxImage "
-                      "does not change when the map moves); centred: a 1x1 convolution of each cell's vector "
-                      "beside the mean of its projection_kernel² neighbourhood, which cannot translate it.", **d)
+                      "conv: a projection_kernel² convolution (the code; it can translate the map); centred: a "
+                      "1x1 convolution of each cell beside its neighbourhood's mean (it cannot).", **d)
     flags.DEFINE_enum("loss", "npair", ["npair", "triplet"], "N-pair loss (eqs. 5-7) or triplet loss with "
                       "hardest in-batch negatives (eqs. 2-4).", **d)
     flags.DEFINE_enum("aggregator", "max_image", ["max_image", "max_text", "mean_all", "max_rows_code"],
@@ -143,9 +131,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "vector: each a_rc and s_t L2-normalised; map: the code's L2 norms applied (each map and "
                       "each caption matrix, all T positions padding included, to unit norm); none: the "
                       "code as run.", **d)
-    flags.DEFINE_float("temperature", DEFAULT_TEMPERATURE,
-                       "Softmax temperature of the N-pair loss (eqs. 5-6 and LocNet: 1).",
-                       lower_bound=1e-6, **d)
+    flags.DEFINE_float("temperature", DEFAULT_TEMPERATURE, "Softmax temperature of the N-pair loss (eqs. "
+                       "5-6 and LocNet: 1).", lower_bound=1e-6, **d)
     flags.DEFINE_float("margin", 0.1, "Triplet margin η (the code: 0.1).", lower_bound=0.0, **d)
     # Training.
     flags.DEFINE_integer("epochs", 10, "Epochs (the code: 10).", lower_bound=0, **d)

@@ -32,7 +32,7 @@ def test_blocks_commands_and_skip_markers(tmp_path):
     assert commands[4].prelude == "D=runs/a/export\n" and commands[2].prelude == ""
 
 
-def test_the_tree_rss_of_a_command_counts_its_children(tmp_path):
+def test_the_tree_memory_of_a_command_counts_its_children(tmp_path):
     command = newcomer.Command("x", "s", 1, "bash",
                                "python -c 'import time; b = bytearray(300_000_000); b[::4096] = b\"x\" * len(b[::4096]); "
                                "time.sleep(1.5)'", None)
