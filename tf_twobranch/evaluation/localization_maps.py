@@ -33,7 +33,7 @@ from tf_twobranch.features.prepare_npair import kept_caption_words
 
 __all__ = ["PARSE_MODES", "MAP_CHUNK", "projected_maps", "EvaluationMaps", "evaluation_maps", "token_vector_rows", "RowsById",
            "query_heat_maps", "pointing_results", "baseline_points",
-           "channel_mean_heat_maps", "draw_phrase_heat_maps"]
+           "channel_mean_heat_maps"]
 
 PARSE_MODES = ("word", "phrase")
 # Images projected per model call. Evaluation and pictures use the same chunks, so an image's
@@ -248,44 +248,3 @@ def pointing_results(queries: Sequence, heat_maps: Sequence[np.ndarray | None] |
     if by_rule:
         result["accuracy_by_point_rule"] = {rule: r["accuracy"] for rule, r in by_rule.items()}
     return result
-
-
-def draw_phrase_heat_maps(image: np.ndarray, queries: Sequence, heat_maps: Sequence[np.ndarray | None],
-                          path, *, title: str = "",
-                          point_rule: str = pointing_game.DEFAULT_POINT_RULE) -> pathlib.Path:
-    """One PNG: the image, then per phrase its heat map over the image (the paper's Figs. 1 and 5),
-    the pointing-game point under `point_rule` (a cross) and the phrase's ground-truth boxes
-    (green: hit, red: miss)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    path = pathlib.Path(path)
-    panels = len(queries) + 1
-    fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.6), squeeze=False)
-    axes[0, 0].imshow(image)
-    axes[0, 0].set_title(title or "image", fontsize=8)
-    for ax, query, heat in zip(axes[0, 1:], queries, heat_maps):
-        ax.imshow(image)
-        hit = False
-        if heat is not None:
-            up = pointing_game.upsample_heat_map(heat, query.image_height, query.image_width)
-            ax.imshow(up, cmap="jet", alpha=0.45, extent=(-0.5, query.image_width - 0.5,
-                                                          query.image_height - 0.5, -0.5))
-            x, y = pointing_game.heat_map_maximum(heat, query.image_height, query.image_width,
-                                                    point_rule)
-            hit = pointing_game.point_hits_boxes(x, y, query.boxes)
-            ax.plot([x], [y], marker="x", color="white", markersize=12, markeredgewidth=3)
-        for x1, y1, x2, y2 in np.asarray(query.boxes):
-            ax.add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1 + 1, y2 - y1 + 1, fill=False,
-                                   edgecolor="lime" if hit else "red", linewidth=2))
-        verdict = "no map" if heat is None else ("hit" if hit else "miss")
-        ax.set_title(f"{query.phrase!r}: {verdict}", fontsize=8)
-    for ax in axes[0]:
-        ax.axis("off")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
