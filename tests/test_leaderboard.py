@@ -269,7 +269,8 @@ def test_orderings_are_paired_by_seed_and_judged_against_the_spread():
 
 
 def test_siblings_are_run_only_for_the_selected_systems():
-    assert lb.siblings_needed(lb.SYSTEM_KEYS) == ["b5", "fragment_global", "triplet", "centre"]
+    assert lb.siblings_needed(lb.SYSTEM_KEYS) == ["b5", "fragment_global", "triplet", "centre",
+                                                   "channel_mean"]
     assert lb.siblings_needed(["cca", "embedding"]) == ["b5"]
     assert lb.siblings_needed(["random", "dual_path"]) == []
 

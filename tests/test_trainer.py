@@ -151,3 +151,13 @@ def test_backup_of_other_settings_is_refused(tmp_path):
 def test_config_validation():
     with pytest.raises(ConfigError, match="backup_every_steps"):
         cfg(backup_every_steps=-1).validate()
+
+
+def test_training_raises_no_user_warning(tmp_path):
+    # Keras warns "`shuffle=True` was passed, but will be ignored" for every fit on a
+    # tf.data stream unless told shuffle=False: one such line per stage of every run.
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train(tiny_model(), tiny_dataset(), cfg(), tmp_path / "w", steps_per_epoch=STEPS)
+    assert not [str(w.message) for w in caught if issubclass(w.category, UserWarning)]

@@ -573,7 +573,8 @@ def _train(model, dataset, cfg: TrainConfig, run_dir: pathlib.Path, write_dir: p
         call_step = (first - initial_epoch) * steps_per_epoch + first_batch
         last = model.fit(_dataset_at(dataset, call_step, strategy if multi_worker else None),
                          epochs=stop, steps_per_epoch=steps,
-                         initial_epoch=first, callbacks=callbacks, verbose=cfg.verbose)
+                         initial_epoch=first, callbacks=callbacks, verbose=cfg.verbose,
+                         shuffle=False)  # the tf.data stream shuffles; Keras warns on a Dataset with True
         if not guard.ok():
             break
     if not guard.ok():
