@@ -27,6 +27,7 @@ from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import retrieval, separability
 from tf_twobranch.export.dual_path import export_dual_path
+from tf_twobranch.features import FEATURE_SEED
 from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.scene_cnn import save_scene_cnn, train_scene_cnn
 from tf_twobranch.features.word_vectors import train_word_vectors
@@ -198,7 +199,7 @@ def load_data(r, run_dir: pathlib.Path):
             path = run_dir / "word_vectors.bin"
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                vectors = train_word_vectors(tokens, dim=r.word_dim, seed=r.seed)
+                vectors = train_word_vectors(tokens, dim=r.word_dim, seed=FEATURE_SEED)
                 # PPMI-SVD rows (U·sqrt(S)) have norms spanning orders of
                 # magnitude with word frequency, unlike word2vec's; unit rows
                 # keep the directions (measured: rsum 23.5 → 24.5; random
@@ -227,7 +228,7 @@ def pretrained_scene_cnn(r, train) -> str:
     ``.keras`` file, then loaded like any local weights file; Stage I freezes
     it and Stage II fine-tunes it.
     """
-    key = f"dual_path_scene_cnn_{r.dataset_kind}_seed{r.seed}_{train.num_images}"
+    key = f"dual_path_scene_cnn_{r.dataset_kind}_seed{FEATURE_SEED}_{train.num_images}"
     path = load_embedded_dataset(with_proposals=False) / "features" / key / "scene_cnn.keras"
     if path.exists():
         return str(path)
@@ -240,7 +241,7 @@ def pretrained_scene_cnn(r, train) -> str:
         tokens[image].append(tokenize_caption(caption))
     logging.info("pretraining the scene CNN on %d training images (cached at %s)",
                  len(images), path)
-    save_scene_cnn(train_scene_cnn(images, tokens, seed=r.seed), path)
+    save_scene_cnn(train_scene_cnn(images, tokens, seed=FEATURE_SEED), path)
     return str(path)
 
 

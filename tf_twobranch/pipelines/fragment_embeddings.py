@@ -39,6 +39,7 @@ from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.grounding import fragment_grounding
 from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.evaluation.split import EvaluationSplit
+from tf_twobranch.features import FEATURE_SEED
 from tf_twobranch.features.image_fragments import fragment_boxes
 from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.features.prepare import scene_cnn_path
@@ -166,11 +167,11 @@ def load_data(recipe: FragmentRecipe) -> FragmentData:
     text = sentence_fragment_inputs(layout, splits, FragmentTextSpec(
         fragments=r.fragments, collapse_prepositions=r.collapse_prepositions,
         min_relation_fraction=r.min_relation_fraction, parses=r.parses or None,
-        word_vectors=r.word_vectors or None, word_dim=r.word_dim, seed=r.seed), parses=parses)
+        word_vectors=r.word_vectors or None, word_dim=r.word_dim, seed=FEATURE_SEED), parses=parses)
     images = image_fragment_inputs(layout, splits, r.features_cache or source / "features", FragmentFeatureSpec(
         image_backbone=r.image_backbone, backbone_weights=r.backbone_weights or None,
         scene_cnn_epochs=r.scene_cnn_epochs, proposals=r.proposals or None, detections=r.detections,
-        fragment_features=split_paths("fragment_features", r.fragment_features) or None, seed=r.seed,
+        fragment_features=split_paths("fragment_features", r.fragment_features) or None, seed=FEATURE_SEED,
         feature_dtype=r.feature_dtype))
     if r.image_fragments == "fullframe":
         for split in images.values():
@@ -247,7 +248,7 @@ def serving_image_cnn(recipe: FragmentRecipe, data: FragmentData, config: Fragme
                       "export takes image_fragments")
     if r.image_backbone == "scene_cnn":
         cache = pathlib.Path(r.features_cache) if r.features_cache else data.source / "features"
-        path = scene_cnn_path(data.splits["train"], cache, epochs=r.scene_cnn_epochs, seed=r.seed)
+        path = scene_cnn_path(data.splits["train"], cache, epochs=r.scene_cnn_epochs, seed=FEATURE_SEED)
         if not path.is_file():
             return None, (f"the scene CNN that computed the cached image fragments is missing ({path}): the "
                           "export takes image_fragments")

@@ -41,6 +41,7 @@ from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import localization_maps
 from tf_twobranch.evaluation.grounding import grounding_summary
 from tf_twobranch.evaluation.pointing_game import DEFAULT_POINT_RULE, pointing_queries
+from tf_twobranch.features import FEATURE_SEED
 from tf_twobranch.features.prepare_npair import (CaptionTokens, NPairInputSpec, NPairText, backbone_maps,
                                                  caption_inputs, encode_token_lists, load_backbone_maps,
                                                  spatial_backbone)
@@ -157,7 +158,7 @@ def uncomputable_metric(recipe: NPairRecipe, layout, source) -> str | None:
 def input_spec(recipe: NPairRecipe) -> NPairInputSpec:
     spec = NPairInputSpec(image_backbone=recipe.image_backbone, backbone_weights=recipe.backbone_weights or None,
                           scene_cnn_epochs=recipe.scene_cnn_epochs, word_vectors=recipe.word_vectors or None,
-                          word_dim=recipe.word_dim, max_words=recipe.max_words, seed=recipe.seed,
+                          word_dim=recipe.word_dim, max_words=recipe.max_words, seed=FEATURE_SEED,
                           feature_dtype=recipe.feature_dtype, precomputed_maps=bool(recipe.backbone_maps))
     spec.validate()
     return spec

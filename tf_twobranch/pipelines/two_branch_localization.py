@@ -22,6 +22,7 @@ from tf_twobranch.evaluation.phrase_localization import (phrase_localization_rec
                                                          score_phrases_with_model, top_proposal_boxes)
 from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.export.localization import export_phrase_localization_run
+from tf_twobranch.features import FEATURE_SEED
 from tf_twobranch.features.prepare_regions import (RegionFeatureSpec, phrase_localization_inputs,
                                                    prepare_phrase_localization)
 from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
@@ -108,7 +109,7 @@ def feature_spec(r):
                              max_proposals=r.max_proposals, text_encoder=r.text_encoder,
                              word_vectors=r.word_vectors or None, word_dim=r.word_dim, pca_dim=r.pca_dim,
                              max_images=max_images or None, clip_proposals=r.clip_proposals,
-                             seed=r.seed)
+                             seed=FEATURE_SEED)
 
 
 def dataset_layout(r, dataset_dir=None):

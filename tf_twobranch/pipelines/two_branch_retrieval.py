@@ -20,6 +20,7 @@ from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.export.two_branch import export_saved_model
+from tf_twobranch.features import FEATURE_SEED
 from tf_twobranch.features.prepare import (FeatureSpec, prepare_retrieval_features, prepare_text_features,
                                            serving_image_backbone, serving_text_encoder)
 from tf_twobranch.losses.ranking import check_top_k_fits_batch
@@ -118,7 +119,7 @@ def feature_spec(r) -> FeatureSpec:
                        backbone_weights=r.backbone_weights or None, ten_crop=r.ten_crop,
                        text_encoder=r.text_encoder, word_vectors=r.word_vectors or None,
                        word_dim=r.word_dim, pca_dim=r.pca_dim,
-                       scene_cnn_epochs=r.scene_cnn_epochs, seed=r.seed,
+                       scene_cnn_epochs=r.scene_cnn_epochs, seed=FEATURE_SEED,
                        feature_dtype=r.feature_dtype)
 
 
