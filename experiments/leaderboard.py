@@ -47,8 +47,6 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "training it again (--noskip_existing retrains).", **d)
     flags.DEFINE_bool("reuse_only", False, "Train nothing: the table of the finished runs, every other run "
                       "listed as not run yet (e.g. while a long invocation is still going).", **d)
-    flags.DEFINE_bool("reduced_epochs", True, "On the embedded data, the shortened schedules of "
-                      "tf_twobranch/leaderboard.py (stated under the table).", **d)
     flags.DEFINE_multi_string("row_flag", [], "TARGET:--flag=value added to runs: TARGET is a system key, "
                               "an experiment name (e.g. instance_loss) or '*' (every run whose experiment "
                               "has the flag). Repeatable.", **d)
@@ -91,8 +89,7 @@ def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f)
     defined = flags.FlagValues()
     module.define_flags(defined)
     extra = ["--verbose=0", *_row_flags(f.row_flag, system.key, run.experiment, defined)]
-    arguments = lb.run_arguments(run, embedded=not f.dataset_dir and f.reduced_epochs,
-                                 dataset_dir=f.dataset_dir, seed=seed, run_dir=run_dir, extra=extra)
+    arguments = lb.run_arguments(run, dataset_dir=f.dataset_dir, seed=seed, run_dir=run_dir, extra=extra)
     if f.skip_existing:
         finished = lb.finished_run(run_dir, arguments, needs_grounding=system.localizes and (
             run is system.grounding or system.grounding is None))
@@ -176,8 +173,7 @@ def print_estimate(f, base: pathlib.Path) -> None:
     planned = planned_runs(f, base)
     to_train = []
     for key, run, seed, folder in planned:
-        arguments = lb.run_arguments(run, embedded=not f.dataset_dir and f.reduced_epochs,
-                                     dataset_dir=f.dataset_dir, seed=seed, run_dir=folder)
+        arguments = lb.run_arguments(run, dataset_dir=f.dataset_dir, seed=seed, run_dir=folder)
         marker = lb.finished_run(folder, arguments) if f.skip_existing else None
         if marker is None and not f.reuse_only:
             to_train.append((key, run))
@@ -233,9 +229,6 @@ def run_leaderboard(f) -> dict:
     dataset = f.dataset_dir or "the embedded data"
     footer = [f"runs: {base}; wall time of this invocation {time.time() - start:.0f} s "
               f"({lb.run_counts(board)})"]
-    note = lb.reduced_epochs_note(f.systems) if not f.dataset_dir and f.reduced_epochs else ""
-    if note:
-        footer.insert(0, note + "; every other run: its experiment's embedded profile")
     table = lb.format_table(board, dataset=dataset, seeds=seeds, footer=footer)
     if board["orderings"]:
         table += "\n\n" + lb.format_orderings(board["orderings"])

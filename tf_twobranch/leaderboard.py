@@ -58,11 +58,11 @@ MARKER = "leaderboard_row.json"
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One experiment row the leaderboard trains: `experiment` (a module of experiments/),
-    its flagfile, the flags added to it, and those added on the embedded data only (reduced epochs)."""
+    its flagfile and the flags added to it. On the embedded data every run keeps its experiment's
+    embedded profile (the dual path's 100 + 20 epochs included: its 60 + 15 left Stage I unconverged)."""
     experiment: str
     flagfile: str
     flags: tuple[str, ...] = ()
-    embedded_flags: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +110,7 @@ SYSTEMS: tuple[System, ...] = (
            Run("image_sentence_retrieval", "table2_d_similarity", _COMMON),
            Run("phrase_localization", "table1_c4_similarity_nonlinear_augm_pos", _REGION)),
     System("dual_path", "Dual-path CNN, Stage II", "dual-path CNN (Zheng Table 1, ResNet-50 row)",
-           Run("instance_loss", "zheng_table1_resnet50_stage2", _COMMON,
-               embedded_flags=("--stage1_epochs=60", "--stage2_epochs=15")),
+           Run("instance_loss", "zheng_table1_resnet50_stage2", _COMMON),
            no_grounding="global image and text vectors only: no regions, no heat maps"),
     System("fragments", "Deep fragment embeddings († + MIL)", "fragment embeddings (Karpathy Table 3)",
            Run("fragment_embeddings", "karpathy_table3_fragment_global_mil", _COMMON)),
@@ -279,15 +278,6 @@ def format_orderings(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def reduced_epochs_note(systems: Sequence[str] = SYSTEM_KEYS) -> str:
-    """The footer line stating what the embedded data's leaderboard shortens for `systems` ('' when
-    none of them is shortened)."""
-    parts = [f"{s.key}: {' '.join(s.retrieval.embedded_flags)}" for s in SYSTEMS
-             if s.retrieval.embedded_flags and s.key in systems]
-    return ("reduced epochs on the embedded data (beyond each experiment's embedded profile): "
-            + "; ".join(parts)) if parts else ""
-
-
 # ---------------------------------------------------------------------------- cost
 
 # Seconds of each run on the embedded data (features of its seed included) on the machine of
@@ -388,11 +378,11 @@ def measure_row() -> Iterator[RowCost]:
 # ---------------------------------------------------------------------------- runs
 
 
-def run_arguments(run: Run, *, embedded: bool, dataset_dir: str, seed: int, run_dir: pathlib.Path,
+def run_arguments(run: Run, *, dataset_dir: str, seed: int, run_dir: pathlib.Path,
                   extra: Sequence[str] = ()) -> list[str]:
     """The flags added to a run's flagfile: the leaderboard's, the dataset, the seed, the run folder
     and the caller's `extra` (last, so they win)."""
-    args = [*run.flags, *(run.embedded_flags if embedded else ()), f"--seed={seed}", f"--run_dir={run_dir}"]
+    args = [*run.flags, f"--seed={seed}", f"--run_dir={run_dir}"]
     if dataset_dir:
         args.append(f"--dataset_dir={dataset_dir}")
     return [*args, *extra]
