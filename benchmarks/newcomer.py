@@ -19,7 +19,15 @@ wall seconds and the peak memory of its process tree (the summed proportional
 set size of the command and its descendants, sampled every 0.2 s). The run stops at the first
 failing command (``--keep_going`` runs the rest) and exits non-zero then, or
 when any command passed `--max_gb`. Not a unit test: the README's main
-job, its test suite and the tables take an hour or more on 2 cores.
+job, its test suite, the tables and the three-seed leaderboard take about
+five hours on 2 cores.
+
+Every finished command is recorded in ``<workdir>/newcomer_ledger.json``
+with the clone's commit. ``--resume`` (with the same ``--workdir``) keeps the
+clone, its venv and its data and skips the commands the ledger records as
+passed at that commit, in order, so a run longer than one sitting goes on
+where it stopped; the table then lists every command, the earlier ones with
+their recorded figures.
 """
 from __future__ import annotations
 
@@ -202,6 +210,21 @@ def _environment(venv: pathlib.Path) -> dict:
     return env
 
 
+def command_key(command: Command) -> str:
+    """What identifies a command in the ledger: where it is and what it says."""
+    return f"{command.document}:{command.line}:{command.text}"
+
+
+def read_ledger(path: pathlib.Path, commit: str) -> dict:
+    """The ledger's passed commands at `commit` (key -> row); {} for another commit or no ledger."""
+    if not path.is_file():
+        return {}
+    from tf_twobranch.json_files import read_json_object
+
+    ledger = read_json_object(path, "newcomer ledger")
+    return ledger.get("passed", {}) if ledger.get("commit") == commit else {}
+
+
 def _short(text: str, width: int = 78) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[:width - 1] + "…"
@@ -214,6 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default="", help="where the clone goes (default: a temporary folder)")
     parser.add_argument("--venv", default="", help="an existing virtual environment instead of a fresh one")
     parser.add_argument("--keep_going", action="store_true", help="run the rest after a failure")
+    parser.add_argument("--resume", action="store_true", help="with --workdir: skip the commands its ledger "
+                        "records as passed at the clone's commit")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds per command")
     parser.add_argument("--max_gb", type=float, default=8.0, help="a command above this fails the run")
     parser.add_argument("--out_json", default=str(REPO / "benchmarks/results/newcomer.json"))
@@ -246,6 +271,12 @@ def main(argv=None) -> int:
     if not (venv / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = _environment(venv)
+    if args.resume and not args.workdir:
+        parser.error("--resume needs the --workdir of the run it continues")
+    ledger_path = work / "newcomer_ledger.json"
+    passed = read_ledger(ledger_path, report["commit"]) if args.resume else {}
+    if not args.resume or not passed:
+        write_json(ledger_path, {"commit": report["commit"], "passed": {}})
     rows, failed = [], False
     log_path = work / "newcomer.log"
     print(f"clone {clone} at {report['commit'][:10]}, venv {venv}, log {log_path}", flush=True)
@@ -257,6 +288,10 @@ def main(argv=None) -> int:
             if c.skip is not None:
                 rows.append([where, _short(c.text, 60), "skip", "", "", c.skip])
                 continue
+            if command_key(c) in passed and not failed:
+                rows.append(passed[command_key(c)])
+                print(f"{where}: passed before (ledger): {_short(c.text, 70)}", flush=True)
+                continue
             if failed and not args.keep_going:
                 rows.append([where, _short(c.text, 60), "not run", "", "", "after a failure"])
                 continue
@@ -267,6 +302,9 @@ def main(argv=None) -> int:
             failed |= not ok
             rows.append([where, _short(c.text, 60), r["rc"], round(r["seconds"], 1), round(r["peak_gb"], 2),
                          "" if ok else ("over --max_gb" if r["rc"] == 0 else f"see {log_path}")])
+            if ok and not failed:
+                passed[command_key(c)] = rows[-1]
+                write_json(ledger_path, {"commit": report["commit"], "passed": passed})
             print(f"{where}: rc {r['rc']}, {r['seconds']:.0f} s, peak {r['peak_gb']:.2f} GB: "
                   f"{_short(c.text, 70)}", flush=True)
     lines.append(common.format_table(["where", "command", "rc", "seconds", "peak PSS GB", "note"], rows,

@@ -84,3 +84,28 @@ def test_every_documented_command_parses(command):
         for arg in argv:
             if arg.startswith("--flagfile="):
                 assert (newcomer.REPO / arg.split("=", 1)[1]).is_file(), f"{where}: no {arg}"
+
+
+def test_resume_skips_what_passed_at_the_same_commit(tmp_path, monkeypatch):
+    # The README as written takes ~5 hours here: a run must be able to go on where it stopped.
+    import os
+    import sys
+
+    clone = tmp_path / "work" / "tf_twobranch"
+    clone.mkdir(parents=True)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=clone, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=clone, check=True)
+    (tmp_path / "work" / "venv" / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, tmp_path / "work" / "venv" / "bin" / "python")
+    marks = tmp_path / "marks"
+    commands = [newcomer.Command("README.md", "S", i, "bash", f"echo {i} >> {marks}", None) for i in (1, 2)]
+    commands.append(newcomer.Command("README.md", "S", 3, "bash", f"test -e {tmp_path}/go", None))
+    monkeypatch.setattr(newcomer, "all_commands", lambda root=None: commands)
+    argv = [f"--workdir={tmp_path / 'work'}", f"--out_json={tmp_path / 'out.json'}"]
+    assert newcomer.main(argv) == 1                          # the third command fails
+    (tmp_path / "go").touch()
+    assert newcomer.main([*argv, "--resume"]) == 0           # only the third runs again
+    assert marks.read_text().split() == ["1", "2"]
+    assert newcomer.main(argv) == 0                          # without --resume: everything again
+    assert marks.read_text().split() == ["1", "2", "1", "2"]
