@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         history = _train_through_trainer(args, model, strategy, stream)
     else:
         dataset = distribute.distribute_global_batches(strategy, batches, attach)
-        history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
+        history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0, shuffle=False)
     weights = {f"{i:03d}_{v.path}": np.asarray(v.numpy()) for i, v in enumerate(model.weights)}
     # num_replicas_in_sync is recorded so that a check can assert how many replicas really
     # ran: equal weights alone would also come from a strategy silently left on one device.
