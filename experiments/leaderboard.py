@@ -82,14 +82,18 @@ def _row_flags(values, system_key: str, experiment: str, defined) -> list[str]:
     return out
 
 
+def arguments_of(key: str, run: lb.Run, seed: int, run_dir: pathlib.Path, f) -> list[str]:
+    """The flags a run of system (or sibling) `key` is trained with, and reused by."""
+    defined = flags.FlagValues()
+    importlib.import_module(f"experiments.{run.experiment}").define_flags(defined)
+    extra = ["--verbose=0", *_row_flags(f.row_flag, key, run.experiment, defined)]
+    return lb.run_arguments(run, dataset_dir=f.dataset_dir, seed=seed, run_dir=run_dir, extra=extra)
+
+
 def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f) -> dict:
     """One run of a system: reused when finished with the same flags, else trained; a dataset
     the run cannot use gives {"error": reason}."""
-    module = importlib.import_module(f"experiments.{run.experiment}")
-    defined = flags.FlagValues()
-    module.define_flags(defined)
-    extra = ["--verbose=0", *_row_flags(f.row_flag, system.key, run.experiment, defined)]
-    arguments = lb.run_arguments(run, dataset_dir=f.dataset_dir, seed=seed, run_dir=run_dir, extra=extra)
+    arguments = arguments_of(system.key, run, seed, run_dir, f)
     if f.skip_existing:
         finished = lb.finished_run(run_dir, arguments, needs_grounding=system.localizes and (
             run is system.grounding or system.grounding is None))
@@ -173,8 +177,7 @@ def print_estimate(f, base: pathlib.Path) -> None:
     planned = planned_runs(f, base)
     to_train = []
     for key, run, seed, folder in planned:
-        arguments = lb.run_arguments(run, dataset_dir=f.dataset_dir, seed=seed, run_dir=folder)
-        marker = lb.finished_run(folder, arguments) if f.skip_existing else None
+        marker = lb.finished_run(folder, arguments_of(key, run, seed, folder, f)) if f.skip_existing else None
         if marker is None and not f.reuse_only:
             to_train.append((key, run))
     reused = len(planned) - len(to_train)

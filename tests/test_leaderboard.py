@@ -133,7 +133,7 @@ def test_random_ranking_sits_at_chance(tiny):
         (10 / n_images) * (1 - 10 / n_images) / n_captions)
 
 
-def test_second_invocation_reuses_every_run(tiny, monkeypatch, tmp_path):
+def test_second_invocation_reuses_every_run(tiny, monkeypatch, tmp_path, capsys):
     from tf_twobranch.baselines.cca import CCABaseline
     from tf_twobranch.training import trainer
 
@@ -142,8 +142,12 @@ def test_second_invocation_reuses_every_run(tiny, monkeypatch, tmp_path):
         raise AssertionError("a finished run was trained again")
     monkeypatch.setattr(trainer, "train", no_training)
     monkeypatch.setattr(CCABaseline, "fit", no_training)
+    capsys.readouterr()
     second = exp.run_leaderboard(_flags(*argv))
     assert all(r["reused"] for r in second["board"]["rows"])
+    # The estimate up front knows it too (it had checked the runs without the flags they were
+    # trained with, and promised 193-251 minutes for a leaderboard it then reused in seconds).
+    assert "every one reused or skipped" in capsys.readouterr().out
     # --reuse_only trains nothing either, and names what is not run yet instead.
     only = exp.run_leaderboard(_flags(*[a for a in argv if not a.startswith("--runs_dir")],
                                       f"--runs_dir={tmp_path}", "--reuse_only", "--systems=cca"))
