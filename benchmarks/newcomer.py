@@ -25,8 +25,8 @@ five hours on 2 cores.
 Every finished command is recorded in ``<workdir>/newcomer_ledger.json``
 with the clone's commit. ``--resume`` (with the same ``--workdir``) keeps the
 clone, its venv and its data and skips the commands the ledger records as
-passed at that commit, in order, so a run longer than one sitting goes on
-where it stopped; the table then lists every command, the earlier ones with
+passed at that commit (a failed one runs again), so a run longer than one
+sitting goes on where it stopped; the table then lists every command, the earlier ones with
 their recorded figures.
 """
 from __future__ import annotations
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
             if c.skip is not None:
                 rows.append([where, _short(c.text, 60), "skip", "", "", c.skip])
                 continue
-            if command_key(c) in passed and not failed:
+            if command_key(c) in passed:
                 rows.append(passed[command_key(c)])
                 print(f"{where}: passed before (ledger): {_short(c.text, 70)}", flush=True)
                 continue
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
             failed |= not ok
             rows.append([where, _short(c.text, 60), r["rc"], round(r["seconds"], 1), round(r["peak_gb"], 2),
                          "" if ok else ("over --max_gb" if r["rc"] == 0 else f"see {log_path}")])
-            if ok and not failed:
+            if ok:  # with --keep_going, a pass after an earlier failure is recorded too: its own result
                 passed[command_key(c)] = rows[-1]
                 write_json(ledger_path, {"commit": report["commit"], "passed": passed})
             print(f"{where}: rc {r['rc']}, {r['seconds']:.0f} s, peak {r['peak_gb']:.2f} GB: "
