@@ -228,34 +228,37 @@ def _many_words(count=400, dim=50, seed=0):
     return words, WordVectors(words, rng.standard_normal((count, dim)).astype(np.float32))
 
 
+def _random_words_and_gmm(*, seed, k, d, sentences, words):
+    """`words` random word vectors owned by sorted random sentences, and a random k-component
+    mixture (uniform weights, means, scales) to encode them with."""
+    rng = np.random.default_rng(seed)
+    weights = np.full(k, 1.0 / k)
+    means, scales = rng.standard_normal((k, d)), rng.random((k, d)) + 0.5
+    x = rng.standard_normal((words, d))
+    owner = np.sort(rng.integers(0, sentences, words))
+    return x, owner, (weights, means, scales)
+
+
 def test_fisher_vector_batch_is_normalised_in_place():
     # The float64 FVs of a batch (2000 x 18000 = 288 MB at paper size) were copied four times by
     # the power and L2 normalisation (peak ~5x the batch); in place it is the batch, its mask and
     # the float32 result.
-    rng = np.random.default_rng(3)
     k, d, sentences = 8, 50, 500
-    weights = np.full(k, 1.0 / k)
-    means, scales = rng.standard_normal((k, d)), rng.random((k, d)) + 0.5
-    x = rng.standard_normal((5000, d))
-    owner = np.sort(rng.integers(0, sentences, 5000))
+    x, owner, gmm = _random_words_and_gmm(seed=3, k=k, d=d, sentences=sentences, words=5000)
     batch_bytes = sentences * 2 * k * d * 8
-    peak = _traced_peak(lambda: fisher_vectors(x, owner, sentences, "hglmm", weights, means, scales))
+    peak = _traced_peak(lambda: fisher_vectors(x, owner, sentences, "hglmm", *gmm))
     assert peak < 3.0 * batch_bytes, f"peak {peak / batch_bytes:.2f}x the float64 batch"
 
 
 def test_fisher_vector_normalisation_keeps_its_values():
-    rng = np.random.default_rng(4)
-    k, d, sentences = 3, 6, 40
-    weights = np.full(k, 1.0 / k)
-    means, scales = rng.standard_normal((k, d)), rng.random((k, d)) + 0.5
-    x = rng.standard_normal((300, d))
-    owner = np.sort(rng.integers(0, sentences, 300))
+    sentences = 40
+    x, owner, gmm = _random_words_and_gmm(seed=4, k=3, d=6, sentences=sentences, words=300)
     owner[owner == 5] = 6                                     # sentence 5 has no words
-    raw = fisher_vectors(x, owner, sentences, "hglmm", weights, means, scales, normalize=False).astype(np.float64)
+    raw = fisher_vectors(x, owner, sentences, "hglmm", *gmm, normalize=False).astype(np.float64)
     expected = np.sign(raw) * np.sqrt(np.abs(raw))
     norms = np.linalg.norm(expected, axis=1, keepdims=True)
     expected = np.divide(expected, norms, out=np.zeros_like(expected), where=norms > 0)
-    got = fisher_vectors(x, owner, sentences, "hglmm", weights, means, scales)
+    got = fisher_vectors(x, owner, sentences, "hglmm", *gmm)
     np.testing.assert_allclose(got, expected, atol=1e-6)
     assert not got[5].any()
 
