@@ -19,4 +19,3 @@ def realdata():
     if not REALDATA.is_dir():
         pytest.skip(f"real data folder {REALDATA} is absent (it is only beside CI/dev clones)")
     return REALDATA
-

@@ -40,21 +40,15 @@ def _stage1_steps(recipe: DualPathRecipe) -> int:
     return train_images // recipe.batch_size * recipe.stage1_epochs
 
 
-def test_the_leaderboard_budget_gives_stage1_thousands_of_steps():
-    epochs = _leaderboard_epochs()
-    recipe = _embedded_recipe(**epochs)
-    assert _stage1_steps(recipe) >= MIN_STAGE1_STEPS, (
-        f"the dual path's Stage I at the leaderboard's budget ({epochs}) has "
-        f"{_stage1_steps(recipe)} steps on the embedded data")
-
-
-def test_the_embedded_profile_trains_on_every_training_image():
+def test_the_leaderboard_budget_is_the_profile_and_gives_stage1_thousands_of_steps():
+    # The leaderboard adds no epoch flags: its budget is the profile's, on every training image.
+    assert _leaderboard_epochs() == {}
     recipe = _embedded_recipe()
     assert recipe.max_train_images == 0          # 0 = all 2,500, one instance class each
-    assert _stage1_steps(recipe) >= MIN_STAGE1_STEPS
-    # The leaderboard runs the profile's schedule as it is.
-    assert _leaderboard_epochs() == {}
     assert (recipe.stage1_epochs, recipe.stage2_epochs) == (100, 20)
+    assert _stage1_steps(recipe) >= MIN_STAGE1_STEPS, (
+        f"the dual path's Stage I at the leaderboard's budget has {_stage1_steps(recipe)} steps "
+        "on the embedded data")
 
 
 def test_a_user_limit_still_wins_over_the_profile():
