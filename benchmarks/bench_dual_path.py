@@ -15,7 +15,7 @@ classes = Flickr30K training images; batch 32):
    function): Stage II (everything trainable, ranking + both instance losses)
    and Stage I (image backbone frozen, instance losses only), float32 and
    mixed_bfloat16;
-3. the `tf_twobranch.sampling.dual_path.train_dataset` pipeline (real JPEGs
+3. the `tf_twobranch.systems.dual_path.sampling.train_dataset` pipeline (real JPEGs
    of the embedded dataset, resize 256, random 224 crop, flip, position
    shift) in batches/s against the steps/s it has to feed.
 
@@ -59,7 +59,7 @@ def dual_path_config(sizes: dict, stage: int = 2):
     """The `DualPathConfig` of `sizes` (PAPER_SIZES or TOY_SIZES) at `stage`."""
     # TensorFlow modules only inside the functions that run (in the spawn children, after
     # _quiet_tf): the parent that selects and reports benchmarks never imports TensorFlow.
-    from tf_twobranch.models.dual_path import DualPathConfig
+    from tf_twobranch.systems.dual_path.model import DualPathConfig
     kw = {k: v for k, v in sizes.items() if k != "batch_size"}
     return DualPathConfig(stage=stage, **kw)
 
@@ -92,7 +92,7 @@ def forward_child(tower: str, precision: str = "float32", sizes: dict = PAPER_SI
     # TensorFlow after _quiet_tf, in the measuring child only (see dual_path_config).
     import keras
     import tensorflow as tf
-    from tf_twobranch.models import dual_path
+    from tf_twobranch.systems.dual_path import model as dual_path
     from tf_twobranch.speed import precision_scope
 
     keras.utils.set_random_seed(0)
@@ -133,7 +133,7 @@ def step_child(stage: int, precision: str = "float32", sizes: dict = PAPER_SIZES
     _quiet_tf()
     # TensorFlow after _quiet_tf, in the measuring child only (see dual_path_config).
     import keras
-    from tf_twobranch.models.dual_path import DualPathModel
+    from tf_twobranch.systems.dual_path.model import DualPathModel
     from tf_twobranch.speed import precision_scope
     from tf_twobranch.training.in_place_sgd import InPlaceSGD
 
@@ -170,8 +170,8 @@ def pipeline_child(sizes: dict = PAPER_SIZES, batches: int = 20, warmup: int = 3
     """
     _quiet_tf()
     # These import TensorFlow: after _quiet_tf, in the measuring child only (see dual_path_config).
-    from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
-    from tf_twobranch.sampling import dual_path as sampling
+    from tf_twobranch.systems.dual_path.data import dual_path_data_from_retrieval
+    from tf_twobranch.systems.dual_path import sampling
 
     t0 = time.perf_counter()
     dataset_dir = load_embedded_dataset()

@@ -118,7 +118,7 @@ def model_config(kind: str = "embedding", sizes: dict = PAPER_SIZES):
     """`TwoBranchConfig` of the embedding / similarity network or the LSTM text branch."""
     # TensorFlow modules only inside the functions that run (in the spawn children, after
     # _quiet_tf): the parent that selects and reports benchmarks never imports TensorFlow.
-    from tf_twobranch.models.two_branch import TwoBranchConfig
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig
     common_kw = dict(image_dim=sizes["image_dim"], image_hidden=(sizes["hidden"],),
                      embed_dim=sizes["embed"])
     if kind == "lstm":
@@ -165,7 +165,7 @@ def _paper_batch(tf, seed=0, kind: str = "embedding", sizes: dict = PAPER_SIZES)
 def _feature_dataset(num_images=2000, seed=0, sizes: dict = PAPER_SIZES):
     """`attach_features` over `image_sentence_batches` with random features."""
     # Imports TensorFlow: in the measuring child only (see model_config).
-    from tf_twobranch.sampling.image_sentence import attach_features, image_sentence_batches
+    from tf_twobranch.systems.two_branch.sampling import attach_features, image_sentence_batches
     rng = np.random.default_rng(seed)
     caption_image = np.repeat(np.arange(num_images), CAPTIONS_PER_IMAGE)
     image_features = rng.standard_normal((num_images, sizes["image_dim"]), np.float32)
@@ -198,8 +198,9 @@ def _make_variant_model(variant: str, kind: str = "embedding", sizes: dict = PAP
     """The package's model, or a copy with one candidate change to the step."""
     # TensorFlow in the measuring child only (see model_config).
     import tensorflow as tf
-    from tf_twobranch import losses
-    from tf_twobranch.models.two_branch import TwoBranchModel
+    from tf_twobranch.losses import common
+    from tf_twobranch.systems.two_branch import losses
+    from tf_twobranch.systems.two_branch.model import TwoBranchModel
 
     config = model_config(kind, sizes)
     if variant != "package" and kind != "embedding":
@@ -272,17 +273,18 @@ def static_shape_ranking_loss(image_embeds, text_embeds, labels, *, margin=0.05,
     """
     # TensorFlow in the measuring child only (see model_config).
     import tensorflow as tf
-    from tf_twobranch import losses
+    from tf_twobranch.losses import common
+    from tf_twobranch.systems.two_branch import losses
     labels = tf.cast(labels, tf.bool)
     labels_f = tf.cast(labels, tf.float32)
-    dist = losses.pairwise_distance(text_embeds, image_embeds)          # (T, I)
+    dist = common.pairwise_distance(text_embeds, image_embeds)          # (T, I)
     far = tf.constant(-1e4, dist.dtype)  # hinge of a non-negative is clipped to 0
 
     def anchored(d, lab, lab_f):
         # d, lab: (anchors, candidates); rows are anchors, positives where lab.
         closest_neg = tf.math.top_k(tf.where(lab, far, -d), k=top_k).values   # (A, K) = −d(neg)
         hinge = tf.clip_by_value(margin + d[:, :, None] + closest_neg[:, None, :],
-                                 0.0, losses.HINGE_MAX)                         # (A, C, K)
+                                 0.0, common.HINGE_MAX)                         # (A, C, K)
         total = tf.reduce_sum(hinge * lab_f[:, :, None])
         return total / (tf.reduce_sum(lab_f) * top_k)
 
@@ -370,7 +372,8 @@ def _breakdown_child(jit_compile: bool, repeats: int) -> dict:
     # TensorFlow after _quiet_tf, in the measuring child only (see model_config).
     import tensorflow as tf
     import keras
-    from tf_twobranch import losses
+    from tf_twobranch.losses import common
+    from tf_twobranch.systems.two_branch import losses
     keras.utils.set_random_seed(0)
     model = _make_variant_model("package")
     model.compile(optimizer=keras.optimizers.Adam(1e-4), jit_compile=False)
@@ -467,8 +470,8 @@ def _breakdown_child(jit_compile: bool, repeats: int) -> dict:
 
     @fn
     def top_k_only():
-        d = losses.pairwise_distance(txt_e, img_e)
-        d2 = losses.pairwise_distance(txt_e, txt_e)
+        d = common.pairwise_distance(txt_e, img_e)
+        d2 = common.pairwise_distance(txt_e, txt_e)
         return (tf.reduce_sum(tf.math.top_k(d, 10).values)
                 + tf.reduce_sum(tf.math.top_k(d2, 10).values))
 
@@ -574,7 +577,7 @@ def _naive_run(state):
     """
     # TensorFlow in the measuring child only (see model_config).
     import tensorflow as tf
-    from tf_twobranch.losses import pairwise_distance
+    from tf_twobranch.losses.common import pairwise_distance
     images, texts, labels = state
 
     def recall(dist, lab, k):   # eager, op by op, as the TF1 graph ran it

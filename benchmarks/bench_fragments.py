@@ -41,7 +41,7 @@ def sentence_fragment_ids(num_sentences: int, seed: int = 0) -> tuple[np.ndarray
     if conllu.exists() and tokens.exists() and test_list.exists():
         from tf_twobranch.data.formats import read_token_file
         from tf_twobranch.data.formats.conllu import read_conllu
-        from tf_twobranch.data.sentence_fragments import (caption_trees, frequent_relations,
+        from tf_twobranch.systems.fragments.sentence_fragments import (caption_trees, frequent_relations,
                                                           relation_counts, tree_triplets)
         corpus = read_token_file(tokens)
         trees = caption_trees(read_conllu(conllu), corpus, conllu)
@@ -64,7 +64,7 @@ def _setup(num_images, fragments, h, seed, lengths, ids):
     # TensorFlow comes in here, in the measuring process, before the memory
     # baseline is taken; the inputs are the embedded fragments, as the
     # experiment holds them before it evaluates. `ids` None: every fragment distinct.
-    import tf_twobranch.evaluation.fragment_retrieval  # noqa: F401
+    import tf_twobranch.systems.fragments.retrieval  # noqa: F401
     rng = np.random.default_rng(seed)
     if ids is None:
         ids = np.arange(int(lengths.sum()))
@@ -77,7 +77,7 @@ def _setup(num_images, fragments, h, seed, lengths, ids):
 
 
 def _run(state):
-    from tf_twobranch.evaluation.fragment_retrieval import evaluate_fragment_retrieval
+    from tf_twobranch.systems.fragments.retrieval import evaluate_fragment_retrieval
     return evaluate_fragment_retrieval(*state)["rsum"]
 
 

@@ -36,7 +36,8 @@ import numpy as np
 
 from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.distribute import without_autotuning
-from tf_twobranch.sampling import fragment_batches, npair_batches
+from tf_twobranch.systems.fragments import sampling as fragment_batches
+from tf_twobranch.systems.npair import sampling as npair_batches
 
 from benchmarks import common, scale_data
 
@@ -102,11 +103,11 @@ def _paper_size_model(system: str):
     import keras
 
     if system == "fragments":
-        from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
+        from tf_twobranch.systems.fragments.model import FragmentEmbeddingConfig, build_fragment_model
         model = build_fragment_model(FragmentEmbeddingConfig(image_dim=4096, num_relations=15,
                                                              vocabulary_size=8000))
     else:
-        from tf_twobranch.models.npair_localization import NPairLocalizationConfig, build_npair_model
+        from tf_twobranch.systems.npair.model import NPairLocalizationConfig, build_npair_model
         model = build_npair_model(NPairLocalizationConfig(vocabulary_size=8000, map_channels=512))
     # As the experiments compile it: no XLA unless asked, SGD with momentum.
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False)

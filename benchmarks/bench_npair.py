@@ -171,8 +171,8 @@ def _loss_block_call(sizes: dict):
     gradients to the maps and tokens, as one tf.function."""
     import tensorflow as tf
 
-    from tf_twobranch.losses.npair import localization_batch_loss
-    from tf_twobranch.losses.localization_volume import normalise_localization_inputs
+    from tf_twobranch.systems.npair.losses import localization_batch_loss
+    from tf_twobranch.systems.npair.heat_map_volume import normalise_localization_inputs
     rng = np.random.default_rng(1)
     b, h, t, d = sizes["batch"], sizes["map"], sizes["tokens"], sizes["dim"]
     maps = tf.constant(rng.standard_normal((b, h, h, d), dtype=np.float32))
@@ -199,7 +199,7 @@ def step_child(sizes: dict, steps: int = 3, jit_compile: bool = False, seed: int
     _quiet_tf()
     import keras
 
-    from tf_twobranch.models.npair_localization import build_npair_model
+    from tf_twobranch.systems.npair.model import build_npair_model
     rng = np.random.default_rng(seed)
     model = build_npair_model(dict(vocabulary_size=VOCABULARY, map_channels=sizes["channels"],
                                    map_size=sizes["map"], word_dim=sizes["word_dim"],
@@ -285,7 +285,7 @@ def gallery_child(sizes: dict, scale: float = 0.04, image_chunk: int = 100, capt
     """S_MaxImage scoring of the (scaled) gallery through `localization_score_fn`, in this process,
     once per score dtype (float32, then the opt-in bfloat16)."""
     _quiet_tf()
-    from tf_twobranch.evaluation.localization_retrieval import localization_score_fn, token_slots
+    from tf_twobranch.systems.npair.retrieval import localization_score_fn, token_slots
     from tf_twobranch.evaluation.retrieval import DEFAULT_CHUNK
     rng = np.random.default_rng(seed)
     images, h, d, t = sizes["gallery_images"], sizes["map"], sizes["dim"], sizes["tokens"]

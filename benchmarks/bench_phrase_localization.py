@@ -198,7 +198,7 @@ def _scoring_child(num_images: int, phrases_per_image: float, num_proposals: int
     # TensorFlow after _quiet_tf, in the measuring child only (see _eval_child).
     import keras
     from tf_twobranch.evaluation import phrase_localization as ev
-    from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
     t0 = time.perf_counter()
     data, info = synthetic_phrase_data(num_images, phrases_per_image, num_proposals,
@@ -282,8 +282,8 @@ def _pipeline_child(kind: str, num_images: int, phrases_per_image: float, num_pr
     _quiet_tf()
     # TensorFlow after _quiet_tf, in the measuring child only (see _eval_child).
     import keras
-    from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
-    from tf_twobranch.sampling import phrase_localization as pl
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch import region_phrase_sampling as pl
 
     t0 = time.perf_counter()
     data, info = synthetic_phrase_data(num_images, phrases_per_image, num_proposals, region_dim,

@@ -90,7 +90,7 @@ def main(argv=None) -> int:
 
     from experiments import instance_loss
     from tf_twobranch.cli import parse_flags
-    from tf_twobranch.pipelines import dual_path as pipeline
+    from tf_twobranch.systems.dual_path import pipeline
     from tf_twobranch.training import trainer
 
     result: dict = {}

@@ -42,7 +42,8 @@ def _setup(images, captions_per_image, dim):
 def _evaluate(state):
     import numpy as np
 
-    from tf_twobranch.evaluation import retrieval, separability
+    from tf_twobranch.evaluation import retrieval
+    from tf_twobranch.systems.dual_path import separability
 
     image_embeds, text_embeds, caption_image = state
     t0 = time.perf_counter()

@@ -36,7 +36,7 @@ def _box_features(layout, image_ids, boxes, backbone) -> tuple[np.ndarray, np.nd
     paths = dict(zip(image_ids, layout.image_paths(image_ids)))
     features, labels = [], []
     for image_id, (image_boxes, image_labels) in boxes.by_image().items():
-        # Inclusive boxes, made half-open as tf_twobranch.features.image_fragments does.
+        # Inclusive boxes, made half-open as tf_twobranch.systems.fragments.image_fragments does.
         features.append(extract_region_features(paths[image_id], image_boxes + np.array([0, 0, 1, 1], np.float32),
                                                 backbone, source=str(paths[image_id])))
         labels.append(image_labels)

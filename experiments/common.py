@@ -1,7 +1,7 @@
 """Shared helpers of the experiment entry points: flag definitions, flag parsing per row,
 flags -> recipe. Everything that needs no flags lives in the library and is re-exported here:
 tables and protocols (`tf_twobranch.tables`), training set-up and records
-(`tf_twobranch.pipelines.shared`), the table runner and run-folder rule
+(`tf_twobranch.run_records`), the table runner and run-folder rule
 (`tf_twobranch.table_runner`), recipes and --smoke (`tf_twobranch.recipes`).
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from tf_twobranch.cli import split_paths  # noqa: F401 (re-exported)
 from tf_twobranch.data.formats import row_arrays
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.pipelines.shared import is_chief, setup_training, train_config  # noqa: F401
-from tf_twobranch.pipelines.shared import run_record as flag_record  # noqa: F401
-from tf_twobranch.pipelines.shared import write_results as write_json  # noqa: F401
+from tf_twobranch.run_records import is_chief, setup_training, train_config  # noqa: F401
+from tf_twobranch.run_records import run_record as flag_record  # noqa: F401
+from tf_twobranch.run_records import write_results as write_json  # noqa: F401
 from tf_twobranch.recipes import SMOKE_HELP, from_flags, prepare_recipe, smoke_overrides, typed_flags  # noqa: F401
 from tf_twobranch.recipes import define_smoke_flag  # noqa: F401  (--smoke: one definition for every experiment)
 from tf_twobranch.table_runner import resolve_config, slug  # noqa: F401

@@ -11,8 +11,8 @@ it, green when they describe the image and red otherwise (the paper's
 Fig. 4); ``--align_top_sentence`` then aligns the top retrieved sentence
 instead of the image's own, as the paper's figure does.
 
-The row is rebuilt from its run folder alone (`tf_twobranch.pipelines.
-fragment_embeddings`: the last stage's model and checkpoint, and from its
+The row is rebuilt from its run folder alone (`tf_twobranch.systems.
+fragments.pipeline`: the last stage's model and checkpoint, and from its
 recorded recipe the cached fragment features); the boxes come from the
 proposals file the row used (or ``--proposals``).
 
@@ -33,7 +33,7 @@ from absl import app, flags, logging
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.figures import figure_path, wrote_message
-from tf_twobranch.evaluation.fragment_alignment import (RankedSentence, best_image_fragments,
+from tf_twobranch.systems.fragments.alignment import (RankedSentence, best_image_fragments,
                                                         draw_fragment_alignment, triplet_label)
 from tf_twobranch.run_folders import require_run_task
 
@@ -96,12 +96,12 @@ def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     # TensorFlow, the row and its data: only now (see the note at the imports).
     from tf_twobranch.data.formats.images import load_image
     from tf_twobranch.data.layout import resolve_dataset
-    from tf_twobranch.evaluation.fragment_retrieval import fragment_score_fn
-    from tf_twobranch.features.image_fragments import fragment_boxes
-    from tf_twobranch.features.prepare_fragments import FragmentImages
+    from tf_twobranch.systems.fragments.retrieval import fragment_score_fn
+    from tf_twobranch.systems.fragments.image_fragments import fragment_boxes
+    from tf_twobranch.systems.fragments.features import FragmentImages
     from tf_twobranch.features.prepare_regions import read_split_proposals
-    from tf_twobranch.losses.fragment import fragment_scores
-    from tf_twobranch.pipelines import fragment_embeddings as pipeline
+    from tf_twobranch.systems.fragments.losses import fragment_scores
+    from tf_twobranch.systems.fragments import pipeline
 
     run = pipeline.load_fragment_run(run_dir)
     model, f = run.model, pipeline.FragmentRecipe.from_record(run.config, str(run.run_dir / "run_config.json"))

@@ -47,9 +47,9 @@ def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "
                              "model row of python -m experiments.npair_localization")
     # TensorFlow only now: --help stays fast.
     from tf_twobranch.data.formats.images import load_image
-    from tf_twobranch.evaluation import localization_maps
-    from tf_twobranch.figures.heat_maps import draw_phrase_heat_maps
-    from tf_twobranch.pipelines.npair_localization import dataset_layout, run_recipe
+    from tf_twobranch.systems.npair import heat_maps as localization_maps
+    from tf_twobranch.systems.npair.heat_map_figures import draw_phrase_heat_maps
+    from tf_twobranch.systems.npair.pipeline import dataset_layout, run_recipe
     from tf_twobranch.runs import load_run
 
     run = load_run(run_dir)

@@ -6,7 +6,7 @@ phrase's ground-truth box(es), in matching colours; the caption is written
 underneath with every localized phrase in the colour of its boxes.
 
 Scores come from a region–phrase SavedModel written by
-`tf_twobranch.export.localization.export_region_phrase_model`
+`tf_twobranch.systems.two_branch.region_phrase_export.export_region_phrase_model`
 (``--saved_model``), or from a phrase-localization run directory
 (``--run_dir`` alone: the run's ``results.json`` records the backbone, the
 fitted phrase encoder and the dataset that made its features;
@@ -36,7 +36,7 @@ from absl import app, flags
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.figures import wrote_message
-from tf_twobranch.figures.localization import (  # noqa: F401  (re-exported)
+from tf_twobranch.systems.two_branch.region_phrase_figures import (  # noqa: F401  (re-exported)
     PHRASE_COLOURS, Scorer, draw_image_figure, draw_localization, python_scorer,  # noqa: F401
     saved_model_scorer)
 from tf_twobranch.run_folders import require_run_task

@@ -22,7 +22,7 @@ and the tables are printed beside the paper's numbers; the results go to `--out_
 
 The flags become a `FragmentRecipe` once per row (`recipe_from_flags`); the
 data, model configuration, schedule and evaluation are the library's
-(`tf_twobranch.pipelines.fragment_embeddings`), the tables
+(`tf_twobranch.systems.fragments.pipeline`), the tables
 `experiments.fragment_tables`. A finished row loads with
 ``tf_twobranch.runs.load_run(run_dir)`` (no absl): its
 ``model.evaluate(run.evaluation_split())`` gives its results.json metrics.
@@ -45,12 +45,12 @@ from experiments.fragment_tables import format_record
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.export.fragment_embedding import export_fragment_model
-from tf_twobranch.losses.fragment import GLOBAL_SCORES, MIL_ZERO_SCORES
-from tf_twobranch.models.fragment_embedding import build_fragment_model, save_fragment_config
-from tf_twobranch.pipelines import fragment_embeddings as pipeline
-from tf_twobranch.pipelines.fragment_embeddings import FragmentRecipe
-from tf_twobranch.sampling import fragment_batches
+from tf_twobranch.systems.fragments.export import export_fragment_model
+from tf_twobranch.systems.fragments.losses import GLOBAL_SCORES, MIL_ZERO_SCORES
+from tf_twobranch.systems.fragments.model import build_fragment_model, save_fragment_config
+from tf_twobranch.systems.fragments import pipeline
+from tf_twobranch.systems.fragments.pipeline import FragmentRecipe
+from tf_twobranch.systems.fragments import sampling as fragment_batches
 from tf_twobranch.training import trainer
 
 # The embedded scenes have a ~130-word vocabulary (the PPMI-SVD word vectors

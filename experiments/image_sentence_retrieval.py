@@ -17,11 +17,11 @@ from absl import app, flags
 
 from experiments import common
 from tf_twobranch.cli import absl_main, parse_flags
-from tf_twobranch.pipelines import two_branch_retrieval as pipeline
-from tf_twobranch.pipelines.two_branch_retrieval import EMBEDDED_PROFILE, RetrievalRecipe, format_record  # noqa: F401
+from tf_twobranch.systems.two_branch import pipeline
+from tf_twobranch.systems.two_branch.pipeline import EMBEDDED_PROFILE, RetrievalRecipe, format_record  # noqa: F401
 from tf_twobranch.table_runner import flagfile_of, next_command
 
-# The embedded profile (EMBEDDED_PROFILE) and why: tf_twobranch/pipelines/two_branch_retrieval.py.
+# The embedded profile (EMBEDDED_PROFILE) and why: tf_twobranch/systems/two_branch/pipeline.py.
 
 
 def apply_embedded_profile(f) -> dict:

@@ -22,12 +22,12 @@ from absl import app, flags
 
 from experiments import common
 from tf_twobranch.cli import absl_main, parse_flags
-from tf_twobranch.pipelines import dual_path as pipeline
-from tf_twobranch.pipelines.dual_path import (  # noqa: F401  (re-exported)
+from tf_twobranch.systems.dual_path import pipeline
+from tf_twobranch.systems.dual_path.pipeline import (  # noqa: F401  (re-exported)
     EMBEDDED_PROFILE, PEDES_EMBEDDED_PROFILE, DualPathRecipe, format_record)
 from tf_twobranch.table_runner import flagfile_of, next_command
 
-# The embedded profile (EMBEDDED_PROFILE) and why: tf_twobranch/pipelines/dual_path.py.
+# The embedded profile (EMBEDDED_PROFILE) and why: tf_twobranch/systems/dual_path/pipeline.py.
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:

@@ -21,7 +21,7 @@ Memory is bounded by a batch or a chunk: backbone maps (and training images
 with --train_backbone) are memory-mapped, the evaluation goes chunk by chunk.
 With no --dataset_dir the embedded digit scenes are used (profile below).
 
-The flags become one typed recipe (`NPairRecipe` of `tf_twobranch.pipelines.npair_localization`),
+The flags become one typed recipe (`NPairRecipe` of `tf_twobranch.systems.npair.pipeline`),
 stored in results.json; ``tf_twobranch.runs.load_run(run_dir)`` loads the row again
 without flags. Tables and ``--rows`` (the one table runner): `experiments.npair_tables`.
 """
@@ -40,13 +40,14 @@ from experiments.npair_tables import format_record
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.phrases import phrase_fingerprint
-from tf_twobranch.evaluation import localization_maps, pointing_game, retrieval
-from tf_twobranch.features.prepare_npair import phrase_parsed_captions, split_images
-from tf_twobranch.losses.npair import DEFAULT_TEMPERATURE
-from tf_twobranch.models.npair_localization import build_npair_model, save_npair_config
-from tf_twobranch.pipelines import npair_localization as npair
-from tf_twobranch.pipelines.npair_localization import NPairRecipe
-from tf_twobranch.sampling import npair_batches
+from tf_twobranch.evaluation import pointing_game, retrieval
+from tf_twobranch.systems.npair import heat_maps as localization_maps
+from tf_twobranch.systems.npair.features import phrase_parsed_captions, split_images
+from tf_twobranch.systems.npair.losses import DEFAULT_TEMPERATURE
+from tf_twobranch.systems.npair.model import build_npair_model, save_npair_config
+from tf_twobranch.systems.npair import pipeline as npair
+from tf_twobranch.systems.npair.pipeline import NPairRecipe
+from tf_twobranch.systems.npair import sampling as npair_batches
 from tf_twobranch.training import trainer
 
 # The embedded scenes (6×6×128 scene-CNN maps, ~130 words): the paper's structure at a few CPU minutes a
@@ -265,7 +266,7 @@ def run_recipe(recipe: NPairRecipe, typed: dict | None = None, flagfile: str | N
     npair.summary(record, recipe)
     logging.info("%s: %s", row_name, {k: round(v, 2) for k, v in record["metrics"].items()})
     if recipe.export and common.is_chief() and recipe.row_kind == "model":
-        from tf_twobranch.export.npair_localization import export_npair_model
+        from tf_twobranch.systems.npair.export import export_npair_model
         record["export_dir"] = str(export_npair_model(
             model, run_dir / "export", vocabulary=text.vocabulary, point_rule=recipe.point_rule,
             run_config={"model": config.to_dict(), "typed_flags": typed, "recipe": recipe.to_dict()}))

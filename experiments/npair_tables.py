@@ -19,8 +19,8 @@ from absl import flags
 from experiments import common
 from tf_twobranch import table_runner
 from tf_twobranch.data.embedded import load_embedded_dataset
-from tf_twobranch.pipelines import npair_localization as npair
-from tf_twobranch.pipelines.npair_localization import NPairRecipe
+from tf_twobranch.systems.npair import pipeline as npair
+from tf_twobranch.systems.npair.pipeline import NPairRecipe
 
 __all__ = ["format_table1", "format_table2", "table_row", "format_record", "run_rows", "select_rows", "ROW_ORDER"]
 

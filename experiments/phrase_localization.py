@@ -33,12 +33,12 @@ from absl import app, flags
 from experiments import common
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
-from tf_twobranch.pipelines import two_branch_localization as pipeline
-from tf_twobranch.pipelines.two_branch_localization import (  # noqa: F401  (re-exported)
+from tf_twobranch.systems.two_branch import region_phrase_pipeline as pipeline
+from tf_twobranch.systems.two_branch.region_phrase_pipeline import (  # noqa: F401  (re-exported)
     EMBEDDED_PROFILE, SIMILARITY_HEADS, TABLE_COLUMNS, LocalizationRecipe, _table_row, format_chance,  # noqa: F401
     format_localization_table, format_per_type, table_marks)  # noqa: F401
 
-# The embedded profile (EMBEDDED_PROFILE) and why: tf_twobranch/pipelines/two_branch_localization.py.
+# The embedded profile (EMBEDDED_PROFILE) and why: tf_twobranch/systems/two_branch/region_phrase_pipeline.py.
 RUNNER_FLAGS = ("rows", "resume", "flagfile", "runs_dir")
 
 

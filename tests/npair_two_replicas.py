@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
-from tf_twobranch.losses.npair import localization_batch_loss  # noqa: E402
+from tf_twobranch.systems.npair.losses import localization_batch_loss  # noqa: E402
 
 BATCH, HEIGHT, WIDTH, TOKENS, DEPTH = 8, 3, 3, 5, 4
 

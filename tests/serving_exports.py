@@ -31,7 +31,7 @@ def jpeg(seed: int, height: int = 40, width: int = 36) -> bytes:
 
 def _two_branch(kind: str, folder: pathlib.Path) -> pathlib.Path:
     from tests.test_export_retrieval import NUM_IMAGES, _model, _split
-    from tf_twobranch.export import export_saved_model
+    from tf_twobranch.systems.two_branch.export import export_saved_model
     from tf_twobranch.export.retrieval import gallery_from_model
 
     images, texts, caption_image = _split()
@@ -44,9 +44,9 @@ def _two_branch(kind: str, folder: pathlib.Path) -> pathlib.Path:
 def _two_branch_raw(folder: pathlib.Path) -> pathlib.Path:
     from tests.test_export import CAPTIONS, IMAGE_SIZE, _cfg
     from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.export import export_saved_model
+    from tf_twobranch.systems.two_branch.export import export_saved_model
     from tf_twobranch.features.text_features import TfidfEncoder
-    from tf_twobranch.models.two_branch import build_model
+    from tf_twobranch.systems.two_branch.model import build_model
 
     encoder = TfidfEncoder(max_features=20, stop_words=None).fit([tokenize_caption(c) for c in CAPTIONS])
     pixels = keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3))
@@ -58,8 +58,8 @@ def _two_branch_raw(folder: pathlib.Path) -> pathlib.Path:
 
 def _two_branch_lstm(folder: pathlib.Path) -> pathlib.Path:
     from tests.test_export import _cfg
-    from tf_twobranch.export import export_saved_model
-    from tf_twobranch.models.two_branch import build_model
+    from tf_twobranch.systems.two_branch.export import export_saved_model
+    from tf_twobranch.systems.two_branch.model import build_model
 
     model = build_model(_cfg(text_encoder="lstm", vocabulary=["<pad>", "<unk>", "a", "red", "seven"], max_len=4,
                              word_dim=3, lstm_units=4))
@@ -69,9 +69,9 @@ def _two_branch_lstm(folder: pathlib.Path) -> pathlib.Path:
 def _region_phrase(folder: pathlib.Path) -> pathlib.Path:
     from tests.test_export import CAPTIONS
     from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.export.localization import export_region_phrase_model
+    from tf_twobranch.systems.two_branch.region_phrase_export import export_region_phrase_model
     from tf_twobranch.features.text_features import TfidfEncoder
-    from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
     encoder = TfidfEncoder(max_features=20, stop_words=None).fit([tokenize_caption(c) for c in CAPTIONS])
     pixels = keras.Input((16, 16, 3))
@@ -87,10 +87,10 @@ DUAL_PATH_WORDS = ["<pad>", "<unk>", "a", "red", "blue", "green", "seven", "thre
 
 
 def _dual_path(folder: pathlib.Path) -> pathlib.Path:
-    from tf_twobranch.export.dual_path import export_dual_path
+    from tf_twobranch.systems.dual_path.export import export_dual_path
     from tf_twobranch.export.retrieval import RetrievalGallery
     from tf_twobranch.features.scene_cnn import build_scene_cnn, save_scene_cnn
-    from tf_twobranch.models.dual_path import DualPathConfig, build_dual_path_model
+    from tf_twobranch.systems.dual_path.model import DualPathConfig, build_dual_path_model
 
     _, extractor = build_scene_cnn(32, 10, feature_dim=16, widths=(4, 4, 8, 8))
     save_scene_cnn(extractor, folder / "scene_cnn.keras")
@@ -112,11 +112,11 @@ FRAGMENT_WORDS = ["a", "red", "seven", "on", "grey", "background", "blue", "four
 
 
 def _fragment(folder: pathlib.Path) -> pathlib.Path:
-    from tf_twobranch.export.fragment_embedding import export_fragment_model
+    from tf_twobranch.systems.fragments.export import export_fragment_model
     from tf_twobranch.export.retrieval import RetrievalGallery
-    from tf_twobranch.features.prepare_fragments import fragment_cnn
+    from tf_twobranch.systems.fragments.features import fragment_cnn
     from tf_twobranch.features.scene_cnn import build_scene_cnn
-    from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
+    from tf_twobranch.systems.fragments.model import FragmentEmbeddingConfig, build_fragment_model
 
     _, extractor = build_scene_cnn(48, 10, feature_dim=8, widths=(4, 4, 8, 8))   # as the fragment tests'
     cnn = fragment_cnn(extractor, "scene_cnn", fine_tuned=False)
@@ -137,10 +137,10 @@ def _fragment(folder: pathlib.Path) -> pathlib.Path:
 def _npair(folder: pathlib.Path) -> pathlib.Path:
     from tests.test_export_retrieval_fragment_npair import SIZE, VOCABULARY, _npair_model
     from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.export.npair_localization import export_npair_model
+    from tf_twobranch.systems.npair.export import export_npair_model
     from tf_twobranch.export.retrieval import gallery_from_model
-    from tf_twobranch.features.prepare_npair import encode_token_lists
-    from tf_twobranch.models.npair_localization import NPairEvaluationSplit
+    from tf_twobranch.systems.npair.features import encode_token_lists
+    from tf_twobranch.systems.npair.model import NPairEvaluationSplit
 
     model = _npair_model("max_image", "vector")
     rng = np.random.default_rng(1)

@@ -1,9 +1,9 @@
-"""Tests of the normalised CCA baseline (tf_twobranch.baselines.cca)."""
+"""Tests of the normalised CCA baseline (tf_twobranch.systems.two_branch.cca)."""
 import numpy as np
 import pytest
 import scipy.linalg
 
-from tf_twobranch.baselines.cca import CCABaseline
+from tf_twobranch.systems.two_branch.cca import CCABaseline
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 
 

@@ -16,7 +16,7 @@ from tests.baselines import randomize_weights
 from tests.forked_modules import run_python
 
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
 KS = retrieval.DEFAULT_KS
 RECALLS = [f"{d}_r{k}" for d in ("i2t", "t2i") for k in KS]
@@ -167,7 +167,7 @@ def test_untrained_model_on_random_inputs_is_within_noise_of_chance(kind):
 
 
 def test_dual_path_constant_inputs_score_at_or_below_chance():
-    from tf_twobranch.models.dual_path import DualPathConfig, build_dual_path_model
+    from tf_twobranch.systems.dual_path.model import DualPathConfig, build_dual_path_model
     vocab, max_len, num_images, caps = 30, 8, 10, 2
     model = build_dual_path_model(DualPathConfig(
         vocabulary_size=vocab, num_classes=num_images, image_size=32, text_width=4,

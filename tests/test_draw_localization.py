@@ -21,13 +21,13 @@ def dataset(tmp_path_factory):
 def exported(dataset, tmp_path_factory):
     from tf_twobranch.data.formats import read_token_file
     from tf_twobranch.data.tokenize import tokenize_caption
-    from tf_twobranch.export.localization import export_region_phrase_model
+    from tf_twobranch.systems.two_branch.region_phrase_export import export_region_phrase_model
     from tf_twobranch.data.formats.images import load_image
     from tf_twobranch.features.images import resize
     from tf_twobranch.features.scene_cnn import train_scene_cnn
     from tf_twobranch.features.text_features import MeanWordVectorEncoder
     from tf_twobranch.features.word_vectors import train_word_vectors
-    from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
     corpus = read_token_file(dataset / "results_20130124.token")
     train_ids = read_split_file(dataset / "train.txt")

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_twobranch import losses
+from tf_twobranch.systems.dual_path import losses
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.models.dual_path import (DualPathConfig, build_dual_path_model, build_text_cnn,
+from tf_twobranch.systems.dual_path.model import (DualPathConfig, build_dual_path_model, build_text_cnn,
                                            load_dual_path_model, save_dual_path_config,
                                            text_feature_length, text_receptive_field)
 

@@ -13,7 +13,7 @@ import dataclasses
 
 from tf_twobranch import leaderboard as lb
 from tf_twobranch.data.embedded import DEFAULT_SPLITS
-from tf_twobranch.pipelines.dual_path import (EMBEDDED_PROFILE, PEDES_EMBEDDED_PROFILE,
+from tf_twobranch.systems.dual_path.pipeline import (EMBEDDED_PROFILE, PEDES_EMBEDDED_PROFILE,
                                               DualPathRecipe)
 from tf_twobranch.recipes import apply_profile
 

@@ -7,7 +7,7 @@ from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.data.embedded_parses import PARSES_NAME, embedded_parses_path, parse_caption
 from tf_twobranch.data.formats import read_token_file
 from tf_twobranch.data.formats.conllu import read_conllu
-from tf_twobranch.data.sentence_fragments import (caption_trees, frequent_relations, relation_counts,
+from tf_twobranch.systems.fragments.sentence_fragments import (caption_trees, frequent_relations, relation_counts,
                                                   tree_triplets)
 from tf_twobranch.errors import DataFormatError
 

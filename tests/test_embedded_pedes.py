@@ -57,7 +57,7 @@ def test_splits_are_by_identity_last_identities_test(pedes_json):
 
 
 def test_files_resolve_and_load_with_the_pipeline(pedes_json):
-    from tf_twobranch.data.dual_path_data import check_num_classes, dual_path_data_from_pedes
+    from tf_twobranch.systems.dual_path.data import check_num_classes, dual_path_data_from_pedes
     from tf_twobranch.data.layout import resolve_dataset
 
     splits = read_cuhk_pedes(pedes_json)

@@ -8,7 +8,7 @@ from tests.records import assert_comparable_record
 from experiments import common
 from experiments import fragment_embeddings as fe
 from tf_twobranch.data.embedded import generate_embedded_dataset
-from tf_twobranch.pipelines import fragment_embeddings as pipeline
+from tf_twobranch.systems.fragments import pipeline
 from tf_twobranch.runs import load_run
 
 TINY = ["--word_dim=8", "--embed_dim=16", "--epochs=4", "--batch_size=20", "--scene_cnn_epochs=1",
@@ -209,7 +209,7 @@ def test_draw_fragments_writes_the_alignment_picture_of_a_test_image(mil_run, tm
 
 
 def test_best_image_fragments_skips_padding_on_both_sides():
-    from tf_twobranch.evaluation.fragment_alignment import best_image_fragments
+    from tf_twobranch.systems.fragments.alignment import best_image_fragments
 
     scores = np.array([[0.1, -2.0, 0.3, 9.0],
                        [0.5, -1.0, 0.3, 9.0],

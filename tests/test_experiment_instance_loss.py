@@ -10,7 +10,7 @@ from tests.forked_modules import run_python
 from tests.records import assert_comparable_record
 from experiments import common
 from experiments import instance_loss as exp
-from tf_twobranch.pipelines import dual_path as pipeline
+from tf_twobranch.systems.dual_path import pipeline
 
 CONFIGS = sorted(common.CONFIG_DIR.glob("zheng_*.cfg"))
 TINY = ["--max_train_images=32", "--max_test_images=12", "--stage1_epochs=1",
@@ -108,8 +108,8 @@ def test_tiny_two_stage_run_evaluates_plots_and_exports(tmp_path):
     import tensorflow_text  # noqa: F401  (tokenizer ops of the SavedModel)
 
     from tf_twobranch.data.text_codes import encode_captions
-    from tf_twobranch.export.dual_path import embed_with_keras
-    from tf_twobranch.models.dual_path import load_dual_path_model
+    from tf_twobranch.systems.dual_path.export import embed_with_keras
+    from tf_twobranch.systems.dual_path.model import load_dual_path_model
 
     f = _flags(*TINY, f"--run_dir={tmp_path}")
     record = exp.run(f)

@@ -15,10 +15,10 @@ from tests.baselines import randomize_weights
 from tf_twobranch.export import serving
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.export import export_saved_model
+from tf_twobranch.systems.two_branch.export import export_saved_model
 from tf_twobranch.features.image_features import extract_image_features
 from tf_twobranch.features.text_features import TfidfEncoder
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAVED_MODEL_CLI = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]

@@ -10,14 +10,14 @@ import pytest
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  tokenizer ops of the export
 
-from tf_twobranch.data.dual_path_data import DualPathData
+from tf_twobranch.systems.dual_path.data import DualPathData
 from tf_twobranch.data.text_codes import encode_captions
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.export import serving
-from tf_twobranch.export.dual_path import export_dual_path
+from tf_twobranch.systems.dual_path.export import export_dual_path
 from tf_twobranch.features.scene_cnn import build_scene_cnn, save_scene_cnn
-from tf_twobranch.models.dual_path import DualPathConfig, build_dual_path_model
-from tf_twobranch.sampling import dual_path as sampling
+from tf_twobranch.systems.dual_path.model import DualPathConfig, build_dual_path_model
+from tf_twobranch.systems.dual_path import sampling
 
 IDS = ["100652400", "1016887272", "101958970", "4945942737"]
 SIZE = 32

@@ -10,10 +10,10 @@ import tensorflow as tf
 
 from tests.forked_modules import run_python
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.export.fragment_embedding import FragmentServingModule, export_fragment_model
+from tf_twobranch.systems.fragments.export import FragmentServingModule, export_fragment_model
 from tf_twobranch.export.serving import read_warmup_requests
-from tf_twobranch.losses.fragment import fragment_scores, global_scores
-from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
+from tf_twobranch.systems.fragments.losses import fragment_scores, global_scores
+from tf_twobranch.systems.fragments.model import FragmentEmbeddingConfig, build_fragment_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 IA = tf.errors.InvalidArgumentError
@@ -203,7 +203,7 @@ def _real_parses(realdata, tmp_path, count=4):
     """Triplets of the first `count` real spaCy parses (Flickr8K CoNLL-U, the parser's own output),
     read as `sentence_inputs` reads them: `read_conllu` then `tree_triplets`."""
     from tf_twobranch.data.formats.conllu import read_conllu
-    from tf_twobranch.data.sentence_fragments import tree_triplets
+    from tf_twobranch.systems.fragments.sentence_fragments import tree_triplets
 
     blocks = (realdata / "flickr8k" / "Flickr8k.token.conllu").read_text(encoding="utf-8").split("\n\n")[:count]
     (tmp_path / "parses.conllu").write_text("\n\n".join(blocks) + "\n\n", encoding="utf-8")
@@ -216,14 +216,14 @@ def test_raw_inputs_equal_the_offline_pipeline_on_real_data(realdata, tmp_path, 
     pipeline's (`extract_fragment_features` + the cache's top layer, `encode_fragments`, the Keras model)."""
     from PIL import Image
 
-    from tf_twobranch.data.sentence_fragments import encode_fragments
+    from tf_twobranch.systems.fragments.sentence_fragments import encode_fragments
     from tf_twobranch.export import serving
-    from tf_twobranch.export.fragment_embedding import triplet_request
-    from tf_twobranch.features.image_fragments import extract_fragment_features
-    from tf_twobranch.features.prepare_fragments import (FragmentImages, _folded_top_layer, _scene_cnn_cut,
+    from tf_twobranch.systems.fragments.export import triplet_request
+    from tf_twobranch.systems.fragments.image_fragments import extract_fragment_features
+    from tf_twobranch.systems.fragments.features import (FragmentImages, _folded_top_layer, _scene_cnn_cut,
                                                          fragment_cnn)
     from tf_twobranch.features.scene_cnn import build_scene_cnn
-    from tf_twobranch.sampling.fragment_batches import padded_sentence_arrays
+    from tf_twobranch.systems.fragments.sampling import padded_sentence_arrays
     from tests.baselines import randomize_weights
 
     _, extractor = build_scene_cnn(48, 10, feature_dim=8, widths=(4, 4, 8, 8))
@@ -290,7 +290,7 @@ def test_serving_doc_spacy_recipe_feeds_embed_sentences(tmp_path):
     import re
 
     from test_spacy_parses import saved_chain_parser_pipeline
-    from tf_twobranch.export.fragment_embedding import FragmentServingModule
+    from tf_twobranch.systems.fragments.export import FragmentServingModule
 
     doc = (REPO_ROOT / "docs" / "SERVING.md").read_text(encoding="utf-8")
     recipe = next(block for block in re.findall(r"```python\n(.*?)```", doc, re.S) if "load_spacy_model" in block)

@@ -12,13 +12,13 @@ from PIL import Image
 
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.export.localization import crop_regions, decode_image_exact, export_region_phrase_model
+from tf_twobranch.systems.two_branch.region_phrase_export import crop_regions, decode_image_exact, export_region_phrase_model
 from tf_twobranch.features.image_features import extract_region_features
 from tf_twobranch.features.images import resize
 from tf_twobranch.features.scene_cnn import train_scene_cnn
 from tf_twobranch.features.text_features import FisherVectorEncoder
 from tf_twobranch.features.word_vectors import train_word_vectors
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.export.serving import read_warmup_requests
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -15,13 +15,13 @@ from tests.forked_modules import run_python
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation.pointing_game import heat_map_maximum
-from tf_twobranch.export.npair_localization import export_npair_model
+from tf_twobranch.systems.npair.export import export_npair_model
 from tf_twobranch.export.serving import read_warmup_requests
 from tf_twobranch.features.images import load_images_at_size, resize
-from tf_twobranch.features.prepare_npair import encode_token_lists
+from tf_twobranch.systems.npair.features import encode_token_lists
 from tf_twobranch.features.scene_cnn import build_scene_cnn
-from tf_twobranch.losses.localization_volume import localization_volume
-from tf_twobranch.models.npair_localization import NPairLocalizationConfig, build_npair_model
+from tf_twobranch.systems.npair.heat_map_volume import localization_volume
+from tf_twobranch.systems.npair.model import NPairLocalizationConfig, build_npair_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 IA = tf.errors.InvalidArgumentError
@@ -134,7 +134,7 @@ def test_points_follow_the_pointing_game_rule(exported):
 
 @pytest.mark.parametrize("rule", ["cell_centre", "argmax"])
 def test_in_graph_points_equal_the_pointing_games_rule(rule):
-    from tf_twobranch.export.npair_localization import heat_map_points
+    from tf_twobranch.systems.npair.export import heat_map_points
 
     rng = np.random.default_rng(5)
     maps = rng.normal(size=(2, 3, 6, 6)).astype(np.float32)
@@ -270,7 +270,7 @@ def test_long_captions_are_clipped_by_the_evaluations_rule(exported):
     """One caption-length rule (`prepare_npair.kept_caption_words`): the export keeps the first max_words
     known words, as evaluation's `encode_token_lists` does, instead of refusing the caption (issue 39
     item 6: 13 of the first 100 embedded test captions were refused)."""
-    from tf_twobranch.features.prepare_npair import CAPTION_LENGTH_RULE
+    from tf_twobranch.systems.npair.features import CAPTION_LENGTH_RULE
     model, export_dir, loaded = exported
     captions = ["the zebra cat runs a dog park ball", "a dog"]       # 7 known words (zebra unknown), 2
     jpegs = [_jpeg(8), _jpeg(9)]

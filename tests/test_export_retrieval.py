@@ -6,9 +6,10 @@ import tensorflow as tf
 from tests.baselines import randomize_weights
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.export import export_saved_model, serving
+from tf_twobranch.export import serving
+from tf_twobranch.systems.two_branch.export import export_saved_model
 from tf_twobranch.export.retrieval import RetrievalGallery, gallery_from_model
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
 NUM_IMAGES, CAPTIONS_PER_IMAGE, IMAGE_DIM, TEXT_DIM = 30, 5, 6, 5
 
@@ -110,9 +111,9 @@ def test_dual_path_retrieve_is_the_core_ranking(tmp_path):
     from PIL import Image
 
     from tf_twobranch.data.text_codes import encode_captions
-    from tf_twobranch.export.dual_path import export_dual_path
+    from tf_twobranch.systems.dual_path.export import export_dual_path
     from tf_twobranch.features.scene_cnn import build_scene_cnn, save_scene_cnn
-    from tf_twobranch.models.dual_path import DualPathConfig, build_dual_path_model
+    from tf_twobranch.systems.dual_path.model import DualPathConfig, build_dual_path_model
 
     _, extractor = build_scene_cnn(32, 10, feature_dim=32, widths=(8, 8, 16, 16))
     save_scene_cnn(extractor, tmp_path / "scene_cnn.keras")

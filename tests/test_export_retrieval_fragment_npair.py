@@ -10,24 +10,25 @@ import tensorflow as tf
 from PIL import Image
 
 from tests.baselines import randomize_weights
-from tf_twobranch.data.sentence_fragments import Triplet, encode_fragments
+from tf_twobranch.systems.fragments.sentence_fragments import Triplet, encode_fragments
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.evaluation import localization_maps, retrieval
-from tf_twobranch.evaluation.fragment_retrieval import fragment_score_fn
-from tf_twobranch.evaluation.localization_retrieval import localization_score_fn
+from tf_twobranch.evaluation import retrieval
+from tf_twobranch.systems.npair import heat_maps as localization_maps
+from tf_twobranch.systems.fragments.retrieval import fragment_score_fn
+from tf_twobranch.systems.npair.retrieval import localization_score_fn
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.export import serving
-from tf_twobranch.export.fragment_embedding import FragmentServingModule, export_fragment_model, triplet_request
-from tf_twobranch.export.npair_localization import export_npair_model
+from tf_twobranch.systems.fragments.export import FragmentServingModule, export_fragment_model, triplet_request
+from tf_twobranch.systems.npair.export import export_npair_model
 from tf_twobranch.export.retrieval import RetrievalGallery, gallery_from_model
-from tf_twobranch.features.image_fragments import extract_fragment_features
+from tf_twobranch.systems.fragments.image_fragments import extract_fragment_features
 from tf_twobranch.features.images import load_images_at_size
-from tf_twobranch.features.prepare_fragments import FragmentImages, fragment_cnn
-from tf_twobranch.features.prepare_npair import encode_token_lists
+from tf_twobranch.systems.fragments.features import FragmentImages, fragment_cnn
+from tf_twobranch.systems.npair.features import encode_token_lists
 from tf_twobranch.features.scene_cnn import build_scene_cnn
-from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
-from tf_twobranch.models.npair_localization import (NPairEvaluationSplit, NPairLocalizationConfig,
+from tf_twobranch.systems.fragments.model import FragmentEmbeddingConfig, build_fragment_model
+from tf_twobranch.systems.npair.model import (NPairEvaluationSplit, NPairLocalizationConfig,
                                                     build_npair_model)
 
 NUM_IMAGES, CAPTIONS_PER_IMAGE = 8, 2
@@ -105,7 +106,7 @@ def fragment_export(tmp_path_factory):
             boxes[i, b] = [x1, y1, rng.integers(x1 + 4, width), rng.integers(y1 + 4, height)]
         proposals[ids[i]] = boxes[i, :num_boxes[i]]
     # The offline pipeline: the cache's inputs (the scene CNN below its top layer), then the folded top layer.
-    from tf_twobranch.features.prepare_fragments import _folded_top_layer, _scene_cnn_cut
+    from tf_twobranch.systems.fragments.features import _folded_top_layer, _scene_cnn_cut
     inputs, mask = extract_fragment_features(dict(zip(ids, paths)), proposals, _scene_cnn_cut(extractor),
                                              image_ids=ids, detections=3)
     features = FragmentImages(ids, inputs, mask, _folded_top_layer(extractor)).features()

@@ -15,8 +15,9 @@ from tests.forked_modules import run_python
 from experiments import common
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.evaluation import localization_maps, retrieval
-from tf_twobranch.evaluation.localization_retrieval import localization_score_fn
+from tf_twobranch.evaluation import retrieval
+from tf_twobranch.systems.npair import heat_maps as localization_maps
+from tf_twobranch.systems.npair.retrieval import localization_score_fn
 from tf_twobranch.export import serving
 from tf_twobranch.runs import load_run
 from tf_twobranch.tools import export_run as tool
@@ -132,8 +133,8 @@ def test_npair_run_serves_its_test_split_as_the_core_ranks_it(runs, tmp_path):
 def test_fragment_run_serves_jpeg_boxes_and_parse_triplets_as_the_core_ranks(runs, tmp_path):
     """The experiment's own --export had no CNN at hand; the tool (and now the experiment) read the
     run's kept scene CNN: JPEG bytes + the proposals' boxes, and parse triplets, rank as S_kl does."""
-    from tf_twobranch.evaluation.fragment_retrieval import fragment_score_fn
-    from tf_twobranch.export.fragment_embedding import triplet_request
+    from tf_twobranch.systems.fragments.retrieval import fragment_score_fn
+    from tf_twobranch.systems.fragments.export import triplet_request
     from tf_twobranch.features.prepare_regions import read_split_proposals
     dataset, root = runs
     loaded = _export(root / "fragment", tmp_path / "export", "--gallery_block=5")
@@ -185,7 +186,7 @@ def test_dual_path_run_serves_its_test_split(runs, tmp_path):
     split = run.evaluation_split()
     images, texts = run.model.retrieval_embeddings(split)
     _, core_t2i = retrieval.ranks_from_embeddings(images, texts, split.caption_image)
-    from tf_twobranch.data.dual_path_data import dual_path_data
+    from tf_twobranch.systems.dual_path.data import dual_path_data
     from tf_twobranch.data.layout import resolve_dataset
     record = run.results["evaluation"]
     data = dual_path_data(resolve_dataset(record["dataset_dir"], caption_format=record["caption_format"]),

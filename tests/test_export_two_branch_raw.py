@@ -11,12 +11,13 @@ import tensorflow as tf
 from tests.baselines import randomize_weights
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.export import export_saved_model, serving
+from tf_twobranch.export import serving
+from tf_twobranch.systems.two_branch.export import export_saved_model
 from tf_twobranch.features.image_features import extract_image_features
 from tf_twobranch.features.scene_cnn import build_scene_cnn
 from tf_twobranch.features.text_features import FisherVectorEncoder, MeanWordVectorEncoder, TfidfEncoder
 from tf_twobranch.features.word_vectors import train_word_vectors
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
 IA = tf.errors.InvalidArgumentError
 REAL_IMAGES = ["100652400", "1016887272", "101958970"]
@@ -198,7 +199,7 @@ def test_rows_on_user_features_keep_feature_inputs_and_say_why(tmp_path):
     randomly initialised ImageNet backbone leave that side on feature inputs, with a note for the log and record."""
     import types
 
-    from tf_twobranch.pipelines.two_branch_retrieval import RetrievalRecipe, serving_inputs
+    from tf_twobranch.systems.two_branch.pipeline import RetrievalRecipe, serving_inputs
 
     layout = types.SimpleNamespace(caption_format="karpathy", root=tmp_path)
     given = RetrievalRecipe(image_features_train="i.npy", image_features_test="j.npy", text_features_train="t.npy",

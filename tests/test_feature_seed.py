@@ -8,7 +8,10 @@ import dataclasses
 import pathlib
 
 from tf_twobranch.features import FEATURE_SEED
-from tf_twobranch.pipelines import dual_path, npair_localization, two_branch_localization, two_branch_retrieval
+from tf_twobranch.systems.dual_path import pipeline as dual_path
+from tf_twobranch.systems.npair import pipeline as npair_localization
+from tf_twobranch.systems.two_branch import region_phrase_pipeline as two_branch_localization
+from tf_twobranch.systems.two_branch import pipeline as two_branch_retrieval
 
 
 def test_feature_specs_do_not_follow_the_run_seed():

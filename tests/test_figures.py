@@ -5,7 +5,7 @@ import pytest
 
 from tf_twobranch.evaluation.pointing_game import PointingQuery
 from tf_twobranch.figures import TOOL_PREFIXES, figure_path, wrote_message
-from tf_twobranch.figures import heat_maps
+from tf_twobranch.systems.npair import heat_map_figures as heat_maps
 
 
 def _query(phrase, boxes, size=96):

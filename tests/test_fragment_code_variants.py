@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.evaluation.fragment_retrieval import fragment_score_fn
-from tf_twobranch.losses import fragment as fl
-from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
+from tf_twobranch.systems.fragments.retrieval import fragment_score_fn
+from tf_twobranch.systems.fragments import losses as fl
+from tf_twobranch.systems.fragments.model import FragmentEmbeddingConfig, build_fragment_model
 
 # global_score -> the code's (thrglobalscore, maxaccum)
 CODE_SWITCHES = {"sum_relu": (True, False), "sum": (False, False), "max_relu": (True, True), "max": (False, True)}
@@ -318,7 +318,7 @@ def test_experiment_flags_reach_the_model_config():
 
     from experiments import common
     from experiments import fragment_embeddings as fe
-    from tf_twobranch.pipelines.fragment_embeddings import build_config
+    from tf_twobranch.systems.fragments.pipeline import build_config
     f = common.parse_flagfile(fe.define_flags, "/dev/null", ["--global_score=max", "--mil_zero_score=ignored",
                                                              "--decay_biases"])
     train = types.SimpleNamespace(inputs=np.zeros((2, 3, 4), np.float32), head=None)

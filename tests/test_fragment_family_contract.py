@@ -11,7 +11,7 @@ from tests.forked_modules import run_python
 from experiments import common
 from experiments import fragment_embeddings as fe
 from tf_twobranch.data.embedded import generate_embedded_dataset
-from tf_twobranch.pipelines.fragment_embeddings import FragmentRecipe
+from tf_twobranch.systems.fragments.pipeline import FragmentRecipe
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--word_dim=8", "--embed_dim=16", "--epochs=2", "--batch_size=20", "--scene_cnn_epochs=1",

@@ -4,10 +4,10 @@ import pytest
 import tensorflow as tf
 
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.evaluation.fragment_retrieval import (distinct_rows, evaluate_fragment_retrieval,
+from tf_twobranch.systems.fragments.retrieval import (distinct_rows, evaluate_fragment_retrieval,
                                                         fragment_score_fn)
-from tf_twobranch.losses.fragment import global_scores
-from tf_twobranch.models.fragment_embedding import (FragmentEmbeddingConfig,
+from tf_twobranch.systems.fragments.losses import global_scores
+from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig,
                                                     build_fragment_model, load_fragment_config,
                                                     save_fragment_config)
 

@@ -5,7 +5,7 @@ import pytest
 
 from tf_twobranch.data.formats import flickr30k_entities as fe
 from tf_twobranch.data.phrases import collect_phrase_examples, phrase_fingerprint
-from tf_twobranch.data.sentence_fragments import Triplet, encode_fragments, tree_triplets
+from tf_twobranch.systems.fragments.sentence_fragments import Triplet, encode_fragments, tree_triplets
 from tf_twobranch.data.formats.conllu import DependencyTree
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation import grounding as gr

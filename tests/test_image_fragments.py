@@ -7,7 +7,7 @@ from PIL import Image
 
 from tf_twobranch.errors import DataFormatError
 from tf_twobranch.features.image_features import extract_region_features
-from tf_twobranch.features.image_fragments import (extract_fragment_features, fragment_boxes,
+from tf_twobranch.systems.fragments.image_fragments import (extract_fragment_features, fragment_boxes,
                                                    load_fragment_features)
 
 
@@ -101,7 +101,7 @@ def test_precomputed_features_are_memory_mapped_or_converted_once_blockwise(tmp_
     array[5, 2] = 1e-50          # non-zero in float64, zero once float32: padding, as astype(float32) made it
     old_mask = np.abs(array.astype(np.float32)).sum(axis=2) > 0
     # Blocks of two images, so the check, the mask and the conversion each span several blocks.
-    monkeypatch.setattr("tf_twobranch.features.image_fragments.rows_in_blocks",
+    monkeypatch.setattr("tf_twobranch.systems.fragments.image_fragments.rows_in_blocks",
                         lambda a, block_bytes=None: row_arrays.rows_in_blocks(a, 2 * 20 * 5 * 8))
     for dtype in (np.float32, np.float16):
         np.save(tmp_path / f"{np.dtype(dtype).name}.npy", array.astype(dtype))
@@ -137,7 +137,7 @@ def test_precomputed_features_are_memory_mapped_or_converted_once_blockwise(tmp_
 
 
 def test_scene_cnn_features_are_written_once_block_by_block_per_mask(tmp_path):
-    from tf_twobranch.features.prepare_fragments import FragmentImages
+    from tf_twobranch.systems.fragments.features import FragmentImages
     rng = np.random.default_rng(3)
     inputs = rng.normal(size=(5, 4, 6)).astype(np.float32)
     np.save(tmp_path / "inputs.npy", inputs)

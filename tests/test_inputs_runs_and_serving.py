@@ -19,7 +19,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _two_branch_run(run_dir: pathlib.Path):
-    from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
     config = TwoBranchConfig(image_dim=6, text_dim=5, image_hidden=(8,), text_hidden=(8,), embed_dim=4)
     model = build_model(config)
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -83,7 +83,7 @@ def test_batch_size_below_top_k_is_refused_before_any_data_is_read(tmp_path):
 
 
 def test_the_library_check_names_both_settings():
-    from tf_twobranch.losses.ranking import check_top_k_fits_batch
+    from tf_twobranch.systems.two_branch.losses import check_top_k_fits_batch
     with pytest.raises(ConfigError, match=r"batch_size=3 is below top_k=4.*batch_size >= 4 or top_k <= 3"):
         check_top_k_fits_batch(4, 3)
     check_top_k_fits_batch(4, 4)
@@ -92,7 +92,7 @@ def test_the_library_check_names_both_settings():
 def test_static_ranking_loss_traced_with_unknown_sizes_takes_small_batches():
     # The image-sentence train step traces the loss with unknown batch sizes; fewer images than
     # the positives cap (8) made TopKV2 fail with "input must have at least k columns".
-    from tf_twobranch import losses
+    from tf_twobranch.systems.two_branch import losses
     rng = np.random.default_rng(0)
     images = tf.math.l2_normalize(rng.normal(size=(4, 8)).astype(np.float32), axis=1)
     texts = tf.math.l2_normalize(rng.normal(size=(8, 8)).astype(np.float32), axis=1)

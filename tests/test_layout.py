@@ -192,7 +192,7 @@ def _pl_flags(tmp_path, root):
 def test_one_folder_resolves_identically_for_the_three_experiments(tmp_path, monkeypatch):
     from experiments import image_sentence_retrieval as isr
     from experiments import phrase_localization as pl
-    from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
+    from tf_twobranch.systems.dual_path.data import dual_path_data_from_retrieval
     from tf_twobranch.features import prepare, prepare_regions
 
     root = _flickr_folder(tmp_path / "flickr30k")   # images in flickr30k-images/, one PNG
@@ -233,7 +233,7 @@ def test_one_folder_resolves_identically_for_the_three_experiments(tmp_path, mon
 
 
 def test_missing_split_files_are_one_error_listing_found_and_missing(tmp_path):
-    from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
+    from tf_twobranch.systems.dual_path.data import dual_path_data_from_retrieval
     from tf_twobranch.features.prepare_regions import RegionFeatureSpec, prepare_phrase_localization
 
     root = _flickr_folder(tmp_path / "f30k", images="images", entities=False, splits=False)

@@ -134,7 +134,7 @@ def test_random_ranking_sits_at_chance(tiny):
 
 
 def test_second_invocation_reuses_every_run(tiny, monkeypatch, tmp_path, capsys):
-    from tf_twobranch.baselines.cca import CCABaseline
+    from tf_twobranch.systems.two_branch.cca import CCABaseline
     from tf_twobranch.training import trainer
 
     argv, first, _ = tiny

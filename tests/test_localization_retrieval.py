@@ -4,7 +4,7 @@ import pytest
 
 from tests.test_localization_volume import brute_matrix
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.evaluation import localization_retrieval as lr
+from tf_twobranch.systems.npair import retrieval as lr
 from tf_twobranch.evaluation import retrieval
 
 

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.losses import localization_volume as lv
+from tf_twobranch.systems.npair import heat_map_volume as lv
 
 
 def random_inputs(seed=0, images=3, captions=4, height=2, width=3, tokens=5, depth=4):

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_twobranch import losses
+from tf_twobranch.losses import common
+from tf_twobranch.systems.two_branch import losses, region_phrase_losses
 from tests.keras_contract import assert_keras_loss_contract
 
 
@@ -120,17 +121,20 @@ def test_loss_classes_are_keras_losses_without_own_call():
     import pkgutil
 
     import keras
-    package = importlib.import_module("tf_twobranch.losses")
     classes = set()
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"tf_twobranch.losses.{info.name}")
+    names = ["tf_twobranch.losses.common"] + [
+        f"tf_twobranch.systems.{system}.{info.name}"
+        for system in ("two_branch", "dual_path", "fragments", "npair")
+        for info in pkgutil.iter_modules(importlib.import_module(f"tf_twobranch.systems.{system}").__path__)
+        if "loss" in info.name or info.name == "heat_map_volume"]
+    for name in names:
+        module = importlib.import_module(name)
         classes |= {v for v in vars(module).values()
                     if isinstance(v, type) and issubclass(v, keras.losses.Loss)
                     and v.__module__ == module.__name__}
     assert {c.__name__ for c in classes} == {"LogisticPairLoss", "InstanceLoss", "CosineRankingLoss",
                                              "NPairLoss", "HardestNegativeTripletLoss"}
     assert all("__call__" not in vars(c) for c in classes)
-    assert all(getattr(losses, c.__name__) is c for c in classes)
 
 
 def test_logistic_pair_loss_keras_contract(tmp_path):
@@ -223,8 +227,8 @@ def test_static_phrase_localization_loss_equals_dynamic(seed, crowded, k):
               region_neighbour_weight=0.1, phrase_neighbour_weight=0.1)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([regions, phrases])
-        dynamic = losses.phrase_localization_batch_loss(regions, phrases, batch, **kw)
-        static = losses.phrase_localization_batch_loss(regions, phrases, batch, static_shapes=True,
+        dynamic = region_phrase_losses.phrase_localization_batch_loss(regions, phrases, batch, **kw)
+        static = region_phrase_losses.phrase_localization_batch_loss(regions, phrases, batch, static_shapes=True,
                                                        **kw)
     assert float(dynamic) > 0
     np.testing.assert_allclose(float(static), float(dynamic), rtol=1e-6)
@@ -236,11 +240,11 @@ def test_static_phrase_localization_loss_equals_dynamic(seed, crowded, k):
                  "phrase_neighbour_weight"):
         only = {w: (1.0 if w == name else 0.0) for w in kw if w.endswith("_weight")}
         args = dict(kw, **only)
-        d = losses.phrase_localization_batch_loss(regions, phrases, batch, **args)
-        s = losses.phrase_localization_batch_loss(regions, phrases, batch, static_shapes=True, **args)
+        d = region_phrase_losses.phrase_localization_batch_loss(regions, phrases, batch, **args)
+        s = region_phrase_losses.phrase_localization_batch_loss(regions, phrases, batch, static_shapes=True, **args)
         np.testing.assert_allclose(float(s), float(d), rtol=1e-6, err_msg=name)
     empty = dict(batch, phrase_region_positive=tf.zeros_like(batch["phrase_region_positive"]))
-    assert float(losses.phrase_localization_batch_loss(regions, phrases, empty, static_shapes=True,
+    assert float(region_phrase_losses.phrase_localization_batch_loss(regions, phrases, empty, static_shapes=True,
                                                        **kw)) == 0.0
 
 
@@ -282,13 +286,13 @@ def test_static_losses_compile_under_xla(monkeypatch):
         s, m["nbrs"], margin=0.1, top_k=5), sent, masks={"nbrs": nbrs})
 
     # 80 regions, fallback budget lowered: caps 8 then 64 as in large batches
-    monkeypatch.setattr(losses.common, "FALLBACK_ELEMENTS", 1000)
+    monkeypatch.setattr(common, "FALLBACK_ELEMENTS", 1000)
     batch = _phrase_batch(rng, num_regions=80, crowded_phrase=True)
     regions = _l2n(rng.normal(size=(80, 8))).astype(np.float32)
     phrases = _l2n(rng.normal(size=(14, 8))).astype(np.float32)
-    xla = _compiles_with_gradient(lambda r, p, m: losses.phrase_localization_batch_loss(
+    xla = _compiles_with_gradient(lambda r, p, m: region_phrase_losses.phrase_localization_batch_loss(
         r, p, m, top_k=6, static_shapes=True), regions, phrases, masks=batch)
-    assert xla == pytest.approx(float(losses.phrase_localization_batch_loss(
+    assert xla == pytest.approx(float(region_phrase_losses.phrase_localization_batch_loss(
         regions, phrases, batch, top_k=6)), rel=1e-5)
 
     logits = rng.normal(size=(16,)).astype(np.float32)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tf_twobranch.losses import fragment as fl
+from tf_twobranch.systems.fragments import losses as fl
 
 B, M, F, H = 4, 3, 5, 6
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_twobranch import losses
+from tf_twobranch.systems.dual_path import losses
 from tests.keras_contract import assert_keras_loss_contract
 
 

@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 from tests.keras_contract import assert_keras_loss_contract
-from tf_twobranch import losses
+from tf_twobranch.systems.npair import losses
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.losses import npair
-from tf_twobranch.losses import localization_volume as lv
+from tf_twobranch.systems.npair import losses as npair
+from tf_twobranch.systems.npair import heat_map_volume as lv
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 

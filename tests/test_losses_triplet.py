@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_twobranch import losses
+from tf_twobranch.losses import common
+from tf_twobranch.systems.two_branch import losses, region_phrase_losses
 from tests.test_sampling_phrase_localization import random_data
-from tf_twobranch.sampling import phrase_localization as pl
+from tf_twobranch.systems.two_branch import region_phrase_sampling as pl
 
 
 def unit(rng, n, d):
@@ -16,7 +17,7 @@ def unit(rng, n, d):
 
 def np_dist(a, b):
     sq = (a * a).sum(1)[:, None] - 2 * a @ b.T + (b * b).sum(1)[None, :]
-    return np.sqrt(np.maximum(sq + losses.DISTANCE_EPSILON, 0))
+    return np.sqrt(np.maximum(sq + common.DISTANCE_EPSILON, 0))
 
 
 def np_top_k_rows(positive, rows, mask, margin, k):
@@ -55,7 +56,7 @@ def test_top_k_cap_keeps_only_the_k_largest_violations():
     neg = ~pos
     ppn = np.zeros((1, 1), bool)
     margin = 0.5
-    value = losses.phrase_localization_loss(
+    value = region_phrase_losses.phrase_localization_loss(
         region, phrase, pos, neg, ppn, margin=margin, top_k=30, region_anchor_weight=0.0,
         phrase_anchor_weight=1.0, region_neighbour_weight=0.0, phrase_neighbour_weight=0.0)
     d = np_dist(phrase, region)[0]
@@ -65,7 +66,7 @@ def test_top_k_cap_keeps_only_the_k_largest_violations():
     np.testing.assert_allclose(float(value), expected, rtol=1e-5)
     assert abs(expected - hinge.mean()) > 1e-4  # the cap matters
     # K larger than the number of negatives: the row's mean is over K slots
-    value = losses.phrase_localization_loss(
+    value = region_phrase_losses.phrase_localization_loss(
         region, phrase, pos, neg, ppn, margin=margin, top_k=41, region_anchor_weight=0.0,
         phrase_anchor_weight=1.0, region_neighbour_weight=0.0, phrase_neighbour_weight=0.0)
     np.testing.assert_allclose(float(value), hinge.sum() / 41, rtol=1e-5)
@@ -88,7 +89,7 @@ def test_matches_numpy_reference_on_sampled_batches(neighbourhood):
                            batch["phrase_neighbours"], kwargs["margin"], kwargs["top_k"],
                            kwargs["region_anchor_weight"], kwargs["phrase_anchor_weight"],
                            kwargs["region_neighbour_weight"], kwargs["phrase_neighbour_weight"])
-        got = losses.phrase_localization_batch_loss(region, phrase, batch, **kwargs)
+        got = region_phrase_losses.phrase_localization_batch_loss(region, phrase, batch, **kwargs)
         np.testing.assert_allclose(float(got), expected, rtol=1e-5, atol=1e-6)
         assert expected > 0
 
@@ -100,7 +101,7 @@ def test_region_anchor_excludes_other_positives_and_same_chain():
     pos = np.array([[True], [True], [False]])
     neg = np.zeros((3, 1), bool)
     ppn = np.array([[False, False, True], [False, False, True], [True, True, False]])
-    value = losses.phrase_localization_loss(region, phrase, pos, neg, ppn, margin=0.1, top_k=5,
+    value = region_phrase_losses.phrase_localization_loss(region, phrase, pos, neg, ppn, margin=0.1, top_k=5,
                                             region_anchor_weight=1.0, phrase_anchor_weight=0.0,
                                             region_neighbour_weight=0.0, phrase_neighbour_weight=0.0)
     d = np_dist(phrase, region)[:, 0]
@@ -113,11 +114,11 @@ def test_no_positive_pairs_gives_zero_and_gradients_flow():
     region = tf.Variable(np.eye(3, dtype=np.float32))
     phrase = tf.Variable(np.eye(3, dtype=np.float32)[::-1].copy())
     empty = np.zeros((3, 3), bool)
-    value = losses.phrase_localization_loss(region, phrase, empty, empty, empty, empty, empty)
+    value = region_phrase_losses.phrase_localization_loss(region, phrase, empty, empty, empty, empty, empty)
     assert float(value) == 0.0
     pos = np.eye(3, dtype=bool)
     with tf.GradientTape() as tape:
-        value = losses.phrase_localization_loss(region, phrase, pos, ~pos, ~pos, np.eye(3, dtype=bool),
+        value = region_phrase_losses.phrase_localization_loss(region, phrase, pos, ~pos, ~pos, np.eye(3, dtype=bool),
                                                 np.eye(3, dtype=bool), margin=0.5)
     grads = tape.gradient(value, [region, phrase])
     assert float(value) > 0 and all(np.isfinite(g.numpy()).all() for g in grads)
@@ -135,7 +136,7 @@ def test_graph_mode_with_padded_batches():
             [sampler.num_region_slots, dim], seed=[1, 2]), axis=1)
         phrase = tf.math.l2_normalize(tf.random.stateless_normal(
             [sampler.num_phrase_slots, dim], seed=[3, 4]), axis=1)
-        return losses.phrase_localization_batch_loss(region, phrase, batch)
+        return region_phrase_losses.phrase_localization_batch_loss(region, phrase, batch)
 
     values = [float(step_loss(b)) for b in dataset]
     assert all(np.isfinite(values)) and all(v > 0 for v in values)
@@ -155,14 +156,14 @@ def test_masked_logistic_pair_loss():
 
 def test_keras_train_step_on_algorithm_1_batches():
     """The padded batches drive a Keras fit loop (embedding and similarity networks)."""
-    from tf_twobranch.models.two_branch import TwoBranchConfig, TwoBranchModel
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, TwoBranchModel
 
     class PhraseModel(TwoBranchModel):
         def compute_task_loss(self, batch, training):
             image = self.image_tower(batch["image"], training=training)
             text = self.text_tower(batch["text"], training=training)
             if self.similarity_head is None:
-                return losses.phrase_localization_batch_loss(image, text, batch, top_k=5)
+                return region_phrase_losses.phrase_localization_batch_loss(image, text, batch, top_k=5)
             logits = tf.squeeze(self.similarity_head(image * text, training=training), -1)
             return losses.masked_logistic_pair_loss(logits, batch["labels"], batch["pair_mask"])
 

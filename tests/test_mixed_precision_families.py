@@ -47,8 +47,8 @@ def _one_step(model, batch):
 
 @pytest.mark.parametrize("kind", ["embedding", "similarity"])
 def test_two_branch_network_trains_under_mixed_bfloat16(mixed_bfloat16, kind):
-    from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
-    from tf_twobranch.sampling import image_sentence as sampling
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch import sampling
     rng = np.random.default_rng(0)
     images = rng.normal(size=(8, 12)).astype(np.float32)
     caption_image = np.repeat(np.arange(8), 2)
@@ -68,7 +68,7 @@ def test_two_branch_network_trains_under_mixed_bfloat16(mixed_bfloat16, kind):
 
 def test_dual_path_instance_loss_model_trains_under_mixed_bfloat16(mixed_bfloat16, tmp_path):
     from tf_twobranch.features.scene_cnn import build_scene_cnn, save_scene_cnn
-    from tf_twobranch.models.dual_path import DualPathConfig, build_dual_path_model
+    from tf_twobranch.systems.dual_path.model import DualPathConfig, build_dual_path_model
     # A small scene CNN instead of ResNet-50: the heads, text CNN and losses are the same.
     _, extractor = build_scene_cnn(32, 10, feature_dim=16, widths=(4, 4, 8, 8))
     save_scene_cnn(extractor, tmp_path / "scene_cnn.keras")
@@ -89,7 +89,7 @@ def test_dual_path_instance_loss_model_trains_under_mixed_bfloat16(mixed_bfloat1
 
 
 def _fragment_model(**config):
-    from tf_twobranch.models.fragment_embedding import FragmentEmbeddingConfig, build_fragment_model
+    from tf_twobranch.systems.fragments.model import FragmentEmbeddingConfig, build_fragment_model
     return build_fragment_model(FragmentEmbeddingConfig(image_dim=7, num_relations=3, vocabulary_size=11, word_dim=4,
                                                         embed_dim=5, global_margin=0.1, **config),
                                 np.random.default_rng(0).normal(size=(11, 4)))
@@ -130,8 +130,8 @@ def test_fragment_model_trains_under_float64_with_one_objective_off(float64, obj
 
 
 def test_npair_localization_model_trains_under_mixed_bfloat16(mixed_bfloat16):
-    from tf_twobranch.features.prepare_npair import encode_token_lists
-    from tf_twobranch.models.npair_localization import NPairLocalizationConfig, build_npair_model
+    from tf_twobranch.systems.npair.features import encode_token_lists
+    from tf_twobranch.systems.npair.model import NPairLocalizationConfig, build_npair_model
     vocabulary = ["<pad>", "<unk>", "<start>", "<end>", "a", "red", "seven", "blue"]
     model = build_npair_model(NPairLocalizationConfig(vocabulary_size=len(vocabulary), map_channels=5,
                                                       map_size=3, word_dim=6, embed_dim=8, max_tokens=6))

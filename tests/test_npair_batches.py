@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.sampling import npair_batches
+from tf_twobranch.systems.npair import sampling as npair_batches
 
 
 def _data(num_images=12, per_image=5, seed=0):

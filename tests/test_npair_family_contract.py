@@ -13,7 +13,7 @@ from experiments import common
 from experiments import npair_localization as exp
 from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.pipelines.npair_localization import NPairRecipe
+from tf_twobranch.systems.npair.pipeline import NPairRecipe
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--word_dim=8", "--embed_dim=8", "--epochs=1", "--steps_per_epoch=3", "--batch_size=16",

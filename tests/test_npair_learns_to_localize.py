@@ -19,11 +19,11 @@ import tensorflow as tf
 from absl import flags
 
 from experiments import npair_localization as experiment
-from tf_twobranch.evaluation import localization_maps
+from tf_twobranch.systems.npair import heat_maps as localization_maps
 from tf_twobranch.evaluation.pointing_game import PointingQuery
-from tf_twobranch.features.prepare_npair import NPairText, encode_token_lists
-from tf_twobranch.models.npair_localization import build_npair_model
-from tf_twobranch.pipelines import npair_localization as npair
+from tf_twobranch.systems.npair.features import NPairText, encode_token_lists
+from tf_twobranch.systems.npair.model import build_npair_model
+from tf_twobranch.systems.npair import pipeline as npair
 
 SIDE, CHANNELS, CLASSES = 6, 16, 6
 WORDS = [f"w{k}" for k in range(CLASSES)]
@@ -132,7 +132,7 @@ def test_centred_projection_cannot_move_the_map(kernel):
     # Mirroring the backbone map mirrors the centred projection's output whatever its weights: no
     # cell's vector can lean towards one side. A k×k convolution's learnt kernel can (and on the
     # embedded data did): it is not mirror-equivariant.
-    from tf_twobranch.models.npair_localization import NPairLocalizationConfig
+    from tf_twobranch.systems.npair.model import NPairLocalizationConfig
     rng = np.random.default_rng(3)
     maps = rng.normal(size=(2, SIDE, SIDE, 4)).astype(np.float32)
     for projection, symmetric in (("centred", True), ("conv", False)):

@@ -5,12 +5,12 @@ import pytest
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.evaluation import localization_maps
+from tf_twobranch.systems.npair import heat_maps as localization_maps
 from tf_twobranch.evaluation.pointing_game import PointingQuery
 from tf_twobranch.features.backbones import build_spatial_backbone
-from tf_twobranch.features.prepare_npair import encode_token_lists
-from tf_twobranch.losses import localization_volume as volume
-from tf_twobranch.models.npair_localization import (NPairLocalizationConfig, build_npair_model,
+from tf_twobranch.systems.npair.features import encode_token_lists
+from tf_twobranch.systems.npair import heat_map_volume as volume
+from tf_twobranch.systems.npair.model import (NPairLocalizationConfig, build_npair_model,
                                                     load_npair_config, save_npair_config)
 
 VOCAB = ["<pad>", "<unk>", "<start>", "<end>", "a", "red", "seven", "blue", "two", "left"]

@@ -5,9 +5,9 @@ import numpy as np
 from absl import flags
 
 from experiments import npair_localization as experiment
-from tf_twobranch.losses import localization_volume as lv
-from tf_twobranch.losses import npair
-from tf_twobranch.models.npair_localization import NPairLocalizationConfig
+from tf_twobranch.systems.npair import heat_map_volume as lv
+from tf_twobranch.systems.npair import losses as npair
+from tf_twobranch.systems.npair.model import NPairLocalizationConfig
 
 
 def locnet_l2(x):

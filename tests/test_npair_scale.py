@@ -10,11 +10,12 @@ from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.data.formats.row_arrays import ShardedRows, write_rows
 from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.data.retrieval_data import load_caption_splits
-from tf_twobranch.evaluation import localization_maps
-from tf_twobranch.features import prepare_npair
+from tf_twobranch.systems.npair import heat_maps as localization_maps
+from tf_twobranch.systems.npair import features as prepare_npair
 from tf_twobranch.features.images import load_images_at_size
-from tf_twobranch.models.npair_localization import NPairLocalizationConfig, build_npair_model
-from tf_twobranch.sampling import fragment_batches, npair_batches
+from tf_twobranch.systems.npair.model import NPairLocalizationConfig, build_npair_model
+from tf_twobranch.systems.fragments import sampling as fragment_batches
+from tf_twobranch.systems.npair import sampling as npair_batches
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +267,7 @@ def test_phrase_parsed_inputs_are_built_per_row_with_the_whole_arrays_bits(tiny_
 
 def test_precomputed_backbone_maps_are_memory_mapped_and_checked(tmp_path):
     from tf_twobranch.errors import DataFormatError
-    from tf_twobranch.features.prepare_npair import load_backbone_maps
+    from tf_twobranch.systems.npair.features import load_backbone_maps
 
     maps = np.random.default_rng(0).random((6, 3, 3, 4)).astype(np.float16)
     np.save(tmp_path / "m.npy", maps)
@@ -299,7 +300,7 @@ def test_precomputed_maps_need_no_backbone_weights(tiny_data, tmp_path):
     # Issue 39: --backbone_maps with --image_backbone=vgg19 asked for --backbone_weights,
     # though with maps given no backbone runs.
     from tf_twobranch.errors import UserInputError
-    from tf_twobranch.pipelines import npair_localization as pipeline
+    from tf_twobranch.systems.npair import pipeline
 
     layout, splits = tiny_data
     files = {}

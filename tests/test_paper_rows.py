@@ -1,7 +1,8 @@
 """'(paper)' rows only beside a result of the same protocol and test-split size, never beside a
 --smoke run; smoke tables say "smoke run: not a result"; the person-search table's columns align."""
 from tf_twobranch import tables
-from tf_twobranch.pipelines import dual_path, two_branch_localization as pl
+from tf_twobranch.systems.dual_path import pipeline as dual_path
+from tf_twobranch.systems.two_branch import region_phrase_pipeline as pl
 
 PAPER = [44.4, 66.3, 75.1, None, None, None]
 

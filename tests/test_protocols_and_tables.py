@@ -187,7 +187,7 @@ def test_das_pointing_row_without_entities_is_refused_before_training(no_entitie
                                                                       tmp_path):
     from experiments import common
     from experiments import npair_localization as exp
-    from tf_twobranch.pipelines import npair_localization as pipeline
+    from tf_twobranch.systems.npair import pipeline
     monkeypatch.setattr(pipeline, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
     row = common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_npair_word")),
                                 [f"--dataset_dir={no_entities_dataset}", f"--run_dir={tmp_path / 'run'}"])
@@ -203,7 +203,7 @@ def test_das_table_run_marks_pointing_rows_not_computed(no_entities_dataset, mon
     from absl import flags
 
     from experiments import npair_localization as exp
-    from tf_twobranch.pipelines import npair_localization as pipeline
+    from tf_twobranch.systems.npair import pipeline
     monkeypatch.setattr(pipeline, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
     f = flags.FlagValues()
     exp.define_flags(f)

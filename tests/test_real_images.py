@@ -9,7 +9,7 @@ go end to end, at tiny sizes, through:
     ten crops and Flickr30K Entities region supervision;
 (b) phrase localization: `region_backbone` (scene CNN) and region features;
 (c) the dual path (instance loss): the scene CNN pretraining of
-    `tf_twobranch.pipelines.dual_path.pretrained_scene_cnn` and the tf.data images.
+    `tf_twobranch.systems.dual_path.pipeline.pretrained_scene_cnn` and the tf.data images.
 
 The embedded data (square images of one size) must keep exactly its arrays.
 """
@@ -225,11 +225,11 @@ def test_region_backbone_scene_cnn_on_real_images(dataset, tmp_path):
 def test_dual_path_scene_cnn_pretraining_on_real_images(dataset, tmp_path, monkeypatch):
     import tensorflow as tf
 
-    from tf_twobranch.pipelines import dual_path as instance_loss
-    from tf_twobranch.data.dual_path_data import dual_path_data_from_retrieval
+    from tf_twobranch.systems.dual_path import pipeline as instance_loss
+    from tf_twobranch.systems.dual_path.data import dual_path_data_from_retrieval
     from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.features.backbones import build_backbone
-    from tf_twobranch.sampling import dual_path as dp
+    from tf_twobranch.systems.dual_path import sampling as dp
     # The name the dual-path pipeline imported: the cache goes outside the package.
     monkeypatch.setattr(instance_loss, "load_embedded_dataset", lambda *a, **k: tmp_path)
     train = dual_path_data_from_retrieval(resolve_dataset(dataset), split="train")

@@ -13,9 +13,9 @@ from experiments import phrase_localization as pl
 from tf_twobranch import recipes, table_runner
 from tf_twobranch.data.from_flags import cut_splits, dataset_folder, split_limit
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.pipelines.dual_path import DualPathRecipe
-from tf_twobranch.pipelines.two_branch_localization import LocalizationRecipe
-from tf_twobranch.pipelines.two_branch_retrieval import RetrievalRecipe
+from tf_twobranch.systems.dual_path.pipeline import DualPathRecipe
+from tf_twobranch.systems.two_branch.region_phrase_pipeline import LocalizationRecipe
+from tf_twobranch.systems.two_branch.pipeline import RetrievalRecipe
 
 EXPERIMENTS = [(isr, RetrievalRecipe, "two_branch_retrieval"),
                (pl, LocalizationRecipe, "two_branch_localization"),
@@ -183,9 +183,9 @@ def test_smoke_caps_a_batch_with_the_images_it_is_drawn_from(family, cls, per_im
     """A batch of distinct images (captions) cannot exceed the smoke slice: the fragment and
     N-pair flagfiles' batches of 100 and 64 failed against 40 training images."""
     import importlib
-    module = {"FragmentRecipe": "fragment_embeddings", "NPairRecipe": "npair_localization",
-              "RetrievalRecipe": "two_branch_retrieval"}[cls]
-    recipe_cls = getattr(importlib.import_module(f"tf_twobranch.pipelines.{module}"), cls)
+    module = {"FragmentRecipe": "fragments.pipeline", "NPairRecipe": "npair.pipeline",
+              "RetrievalRecipe": "two_branch.pipeline"}[cls]
+    recipe_cls = getattr(importlib.import_module(f"tf_twobranch.systems.{module}"), cls)
     for batch_size in (recipe_cls().batch_size, 1000):
         capped, _ = recipes.apply_smoke(recipe_cls(smoke=True, batch_size=batch_size), family)
         assert capped.batch_size <= capped.max_train_images * per_image
@@ -193,11 +193,11 @@ def test_smoke_caps_a_batch_with_the_images_it_is_drawn_from(family, cls, per_im
 
 def test_smoke_trains_the_scene_cnn_briefly_for_every_family_that_has_one():
     import importlib
-    for family, (module, cls) in {"two_branch_retrieval": ("two_branch_retrieval", "RetrievalRecipe"),
-                                  "two_branch_localization": ("two_branch_localization", "LocalizationRecipe"),
-                                  "fragment_embedding": ("fragment_embeddings", "FragmentRecipe"),
-                                  "npair_localization": ("npair_localization", "NPairRecipe")}.items():
-        recipe_cls = getattr(importlib.import_module(f"tf_twobranch.pipelines.{module}"), cls)
+    for family, (module, cls) in {"two_branch_retrieval": ("two_branch.pipeline", "RetrievalRecipe"),
+                                  "two_branch_localization": ("two_branch.region_phrase_pipeline", "LocalizationRecipe"),
+                                  "fragment_embedding": ("fragments.pipeline", "FragmentRecipe"),
+                                  "npair_localization": ("npair.pipeline", "NPairRecipe")}.items():
+        recipe_cls = getattr(importlib.import_module(f"tf_twobranch.systems.{module}"), cls)
         capped, _ = recipes.apply_smoke(recipe_cls(smoke=True), family)
         assert capped.scene_cnn_epochs == 1 and capped.max_train_images, family
 
@@ -205,6 +205,6 @@ def test_smoke_trains_the_scene_cnn_briefly_for_every_family_that_has_one():
 def test_npair_smoke_slice_holds_one_folds_of_100_gallery():
     """`npair_localization --rows=all --smoke` failed: Table 1's rows (protocol folds_100, galleries
     of 100 images) share the word-mode run, which could not score them on 20 test images."""
-    from tf_twobranch.pipelines.npair_localization import NPairRecipe
+    from tf_twobranch.systems.npair.pipeline import NPairRecipe
     capped, _ = recipes.apply_smoke(NPairRecipe(smoke=True), "npair_localization")
     assert capped.max_test_images >= 100

@@ -220,8 +220,8 @@ def test_a_file_is_scanned_once_per_version(tmp_path, monkeypatch):
 
 
 def test_backbone_maps_and_fragments_are_scanned_once(tmp_path, monkeypatch):
-    from tf_twobranch.features import image_fragments
-    from tf_twobranch.features.prepare_npair import load_backbone_maps
+    from tf_twobranch.systems.fragments import image_fragments
+    from tf_twobranch.systems.npair.features import load_backbone_maps
 
     scans = []
     real_check = R.check_finite_rows

@@ -1,18 +1,18 @@
-"""Tests of the dual-path CNN data (tf_twobranch.data.dual_path_data) and input pipeline
-(tf_twobranch.sampling.dual_path)."""
+"""Tests of the dual-path CNN data (tf_twobranch.systems.dual_path.data) and input pipeline
+(tf_twobranch.systems.dual_path.sampling)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tf_twobranch.data import dual_path_data as dpd
+from tf_twobranch.systems.dual_path import data as dpd
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats import write_cuhk_pedes, write_split_file, write_token_file
 from tf_twobranch.data.formats.cuhk_pedes import PedesSplit
 from tf_twobranch.distribute import split_global_batch
 from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.sampling import dual_path as dp
+from tf_twobranch.systems.dual_path import sampling as dp
 
 WORDS = "red blue green dog cat bird runs sits on a the grass".split()
 RESIZE, CROP = 24, 20

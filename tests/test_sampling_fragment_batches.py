@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.sampling import fragment_batches as fb
+from tf_twobranch.systems.fragments import sampling as fb
 
 
 def _data():

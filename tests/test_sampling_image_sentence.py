@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.sampling import image_sentence as S
+from tf_twobranch.systems.two_branch import sampling as S
 
 
 def _take(ds, n):

@@ -6,7 +6,7 @@ from tf_twobranch.boxes import iou_matrix
 from tf_twobranch.data import phrase_localization_data as pld
 from tf_twobranch.data.phrases import PhraseExample
 from tf_twobranch.errors import ConfigError, DataFormatError
-from tf_twobranch.sampling import phrase_localization as pl
+from tf_twobranch.systems.two_branch import region_phrase_sampling as pl
 
 
 def _example(image, chain, phrase, box, types=("people",)):

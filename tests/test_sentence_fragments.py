@@ -6,7 +6,7 @@ import pytest
 
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats.conllu import DependencyTree, read_conllu
-from tf_twobranch.data.sentence_fragments import (Triplet, caption_trees, encode_fragments,
+from tf_twobranch.systems.fragments.sentence_fragments import (Triplet, caption_trees, encode_fragments,
                                                   frequent_relations, relation_counts, tree_triplets)
 from tf_twobranch.errors import ConfigError, DataFormatError
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.evaluation import separability
+from tf_twobranch.systems.dual_path import separability
 
 
 def test_identical_distributions_overlap_fully_and_disjoint_ones_not_at_all():

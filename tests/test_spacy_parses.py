@@ -7,7 +7,7 @@ import pytest
 
 from tf_twobranch.data.corpus import CaptionCorpus
 from tf_twobranch.data.formats.conllu import read_conllu
-from tf_twobranch.data.sentence_fragments import Triplet, caption_keys, caption_trees, tree_triplets
+from tf_twobranch.systems.fragments.sentence_fragments import Triplet, caption_keys, caption_trees, tree_triplets
 from tf_twobranch.data.spacy_parses import (doc_to_trees, load_spacy_model, parse_captions,
                                             write_caption_parses)
 from tf_twobranch.errors import ConfigError, UserInputError

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tf_twobranch.errors import ConfigError
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
-from tf_twobranch.sampling import image_sentence as sampling
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch import sampling
 from tf_twobranch.speed import precision_scope, set_precision
 
 NUM_IMAGES, CAPS = 300, 5

@@ -81,7 +81,7 @@ def test_build_vocabulary_order_and_limits():
 def test_caption_tokenizer_config_round_trip():
     import tensorflow as tf
 
-    from tf_twobranch.models.text_towers import CaptionTokenizer
+    from tf_twobranch.systems.two_branch.text_towers import CaptionTokenizer
 
     layer = CaptionTokenizer(["<pad>", "<unk>", "dog"], 4)
     clone = CaptionTokenizer.from_config(layer.get_config())

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tf_twobranch.errors import ConfigError, UserInputError
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.training import trainer
 
 STEPS = 4

@@ -9,8 +9,8 @@ from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.json_files import write_json
 from tf_twobranch.runs import load_run
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
-from tf_twobranch.sampling import image_sentence as S
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch import sampling as S
 from tf_twobranch.training import trainer
 
 
@@ -87,7 +87,7 @@ def test_similarity_network_trains_on_balanced_pairs(tmp_path):
 
 
 def test_lstm_text_tower_accepts_strings():
-    from tf_twobranch.models.text_towers import build_string_text_tower
+    from tf_twobranch.systems.two_branch.text_towers import build_string_text_tower
     vocab = ["<pad>", "<unk>", "a", "red", "seven", "blue"]
     model = build_model(tiny_config(text_encoder="lstm", vocabulary=vocab, max_len=6,
                                     word_dim=4, lstm_units=5))

@@ -1,8 +1,8 @@
 """The package's one TensorFlow image decoder (`tf_decode_image`) and its format check.
 
-The tf.data pipelines (`tf_twobranch.sampling.dual_path`) and the SavedModel
+The tf.data pipelines (`tf_twobranch.systems.dual_path.sampling`) and the SavedModel
 exports (`tf_twobranch.export.serving.decode_jpeg_batch`,
-`tf_twobranch.export.localization.decode_image_exact`) all decode with it. It
+`tf_twobranch.systems.two_branch.region_phrase_export.decode_image_exact`) all decode with it. It
 sits below `tf_twobranch.features`, `tf_twobranch.sampling` and
 `tf_twobranch.export` so that none of them imports another for it. The
 NumPy/PIL reader of image files is `tf_twobranch.data.formats.images.load_image`.

@@ -348,7 +348,7 @@ def measure_row() -> Iterator[RowCost]:
     grounding, writing the record); data loading and cached features before the first call
     count in neither. Parameters: every weight of the trained model (frozen backbones included).
     """
-    from tf_twobranch.baselines.cca import CCABaseline
+    from tf_twobranch.systems.two_branch.cca import CCABaseline
     from tf_twobranch.training import trainer
 
     cost = RowCost()

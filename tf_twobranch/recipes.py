@@ -2,11 +2,11 @@
 
 Each experiment turns its flags into its recipe once, in its entry point
 (`from_flags(RecipeClass, FlagValues)`); the library pipelines
-(`tf_twobranch.pipelines.*`) take the recipe, never `FlagValues`. A recipe's
+(`tf_twobranch.systems.*.pipeline`) take the recipe, never `FlagValues`. A recipe's
 fields are exactly its experiment's flag names (`tests/test_recipes.py`), so a
 recipe is also what a notebook user writes instead of a flagfile::
 
-    from tf_twobranch.pipelines import two_branch_retrieval as pipeline
+    from tf_twobranch.systems.two_branch import pipeline
     record = pipeline.run(pipeline.RetrievalRecipe(row_name="mine", epochs=2))
 
 `results.json` stores the recipe (`"recipe"`, see `as_record`).

@@ -38,16 +38,16 @@ import keras
 import numpy as np
 
 from tf_twobranch.checkpoints import load_checkpoint
-from tf_twobranch.data.dual_path_data import dual_path_data
+from tf_twobranch.systems.dual_path.data import dual_path_data
 from tf_twobranch.data.formats import load_feature_matrix
 from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.json_files import read_json_object
-from tf_twobranch.models.dual_path import DualPathConfig, load_dual_path_model
-from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
+from tf_twobranch.systems.dual_path.model import DualPathConfig, load_dual_path_model
+from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.run_folders import read_run_task
-from tf_twobranch.sampling.dual_path import test_split
+from tf_twobranch.systems.dual_path.sampling import test_split
 
 __all__ = ["Run", "load_run", "FAMILIES", "RUN_LOADERS", "record_feature_split",
            "record_dual_path_split", "dual_path_test_split", "run_weights", "run_results"]
@@ -60,8 +60,8 @@ RUN_LOADERS = {
     "image_sentence_retrieval": "tf_twobranch.runs:load_two_branch_run",
     "phrase_localization": "tf_twobranch.runs:load_two_branch_run",
     "dual_path": "tf_twobranch.runs:load_dual_path_run",
-    "fragment_embeddings": "tf_twobranch.pipelines.fragment_embeddings:load_fragment_run",
-    "npair_localization": "tf_twobranch.pipelines.npair_localization:load_npair_run",
+    "fragment_embeddings": "tf_twobranch.systems.fragments.pipeline:load_fragment_run",
+    "npair_localization": "tf_twobranch.systems.npair.pipeline:load_npair_run",
 }
 
 

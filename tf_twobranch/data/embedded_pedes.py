@@ -24,7 +24,7 @@ protocol runs out of the box:
   as in CUHK-PEDES (``reid_raw.json`` sits beside ``imgs/``).
 
 Written with `tf_twobranch.data.formats.cuhk_pedes.write_cuhk_pedes`; read it
-with `read_cuhk_pedes` or `tf_twobranch.data.dual_path_data.dual_path_data_from_pedes`.
+with `read_cuhk_pedes` or `tf_twobranch.systems.dual_path.data.dual_path_data_from_pedes`.
 """
 from __future__ import annotations
 

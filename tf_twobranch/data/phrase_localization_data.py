@@ -1,7 +1,7 @@
 """Phrase-localization data: one split of regions, phrases and coreference chains (TPAMI 2018 §4).
 
 :class:`PhraseLocalizationData` is what the Algorithm 1 samplers
-(`tf_twobranch.sampling.phrase_localization`) and the evaluation
+(`tf_twobranch.systems.two_branch.region_phrase_sampling`) and the evaluation
 (`tf_twobranch.evaluation.phrase_localization`) read;
 :func:`build_phrase_localization_data` assembles it from per-image arrays
 (`tf_twobranch.features.prepare_regions.prepare_phrase_localization` does so

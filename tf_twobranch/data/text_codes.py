@@ -180,7 +180,7 @@ class TokenCoder(keras.layers.Layer):
     1, ``<unk>``, is never produced). With `max_len`, codes are clipped to
     their first `max_len` words (the paper's rule; datasets validate lengths
     up front with `check_caption_lengths`). Feed the result to
-    `tf_twobranch.sampling.dual_path.position_shift` / `left_align`.
+    `tf_twobranch.systems.dual_path.sampling.position_shift` / `left_align`.
     Gives the same indices as `encode_captions`.
     """
 

@@ -1,15 +1,15 @@
-"""SavedModel exports for TF Serving (see docs/SERVING.md), one module per model family.
+"""SavedModel plumbing for TF Serving (see docs/SERVING.md); each system's export lives in its folder.
 
 * `serving`: input specs, Keras-variable tracking, in-graph validation, batch image decoding, warm-up files.
 * `saved_model`: the tower-pair signature base, the atomic save with run config and warm-up file, the warm-up JPEG.
-* `two_branch`: image–sentence two-branch models (`export_saved_model`).
-* `dual_path`: the dual-path CNN of the instance loss (`export_dual_path`).
-* `localization`: region–phrase scoring from image bytes, boxes and phrases (`export_region_phrase_model`).
-* `fragment_embedding`: deep fragment embeddings: fragment towers, S_kl and the alignment matrix (`export_fragment_model`).
-* `npair_localization`: Das et al.: JPEG + raw caption → score, per-token heat maps, arg-max points (`export_npair_model`).
-* `retrieval_signatures`: the `RetrievalGallery` and the ``retrieve_*`` signatures every family's export adds.
-* `retrieval`: `gallery_from_model`, the gallery a model of any family embeds (above the family exports).
+* `retrieval_signatures`: the `RetrievalGallery` and the ``retrieve_*`` signatures every system's export adds.
+* `retrieval`: `gallery_from_model`, the gallery a model of any system embeds (above the system exports).
+* `run_export`: `export_run`, a run folder's export with its gallery.
 
+The systems' exports: `systems.two_branch.export` (`export_saved_model`),
+`systems.two_branch.region_phrase_export` (`export_region_phrase_model`),
+`systems.dual_path.export` (`export_dual_path`), `systems.fragments.export`
+(`export_fragment_model`), `systems.npair.export` (`export_npair_model`).
 ``saved_model_cli`` with the tensorflow-text ops registered is the command-line
 tool `tf_twobranch.tools.saved_model_cli`.
 """
@@ -22,36 +22,11 @@ from tf_twobranch.export.serving import (
     write_warmup_requests,
 )
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
-from tf_twobranch.export.two_branch import TwoBranchServingModule, export_saved_model
-from tf_twobranch.export.dual_path import DualPathServingModule, embed_with_keras, export_dual_path
-from tf_twobranch.export.fragment_embedding import FragmentServingModule, export_fragment_model
-from tf_twobranch.export.npair_localization import NPairServingModule, export_npair_model
-from tf_twobranch.export.localization import (
-    BOX_CONVENTIONS,
-    RegionPhraseServingModule,
-    crop_regions,
-    decode_image_exact,
-    export_region_phrase_model,
-)
 
 __all__ = [
-    "export_saved_model",
-    "export_dual_path",
-    "export_region_phrase_model",
-    "export_fragment_model",
-    "export_npair_model",
     "save_module_atomically",
     "TowerServingModule",
-    "TwoBranchServingModule",
-    "DualPathServingModule",
-    "RegionPhraseServingModule",
-    "FragmentServingModule",
-    "NPairServingModule",
-    "embed_with_keras",
     "warmup_jpeg",
-    "BOX_CONVENTIONS",
-    "crop_regions",
-    "decode_image_exact",
     "decode_jpeg_batch",
     "track_keras_variables",
     "WARMUP_FILENAME",

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tf_twobranch.export.fragment_embedding import fragment_gallery
-from tf_twobranch.export.npair_localization import npair_gallery
+from tf_twobranch.systems.fragments.export import fragment_gallery
+from tf_twobranch.systems.npair.export import npair_gallery
 from tf_twobranch.export.retrieval_signatures import K_SPEC, RetrievalGallery, add_retrieval_signatures, padded_rows
 from tf_twobranch.models.evaluation_input import as_evaluation_split
 

@@ -24,11 +24,11 @@ What a gallery item holds depends on the family's scorer:
   product of the tower outputs, the similarity head's logit, the cosine);
 * deep fragment embeddings: each image's fragment embeddings (M, h) with
   their mask and each caption's sentence-fragment embeddings (F, h) with
-  theirs, scored by S_kl (`tf_twobranch.export.fragment_embedding`);
+  theirs, scored by S_kl (`tf_twobranch.systems.fragments.export`);
 * N-pair localization: each image's normalised projected map (H, W, d) and
   each caption's normalised token vectors (T, d) with the mask of its
   words, scored by S_MaxImage or the model's aggregator
-  (`tf_twobranch.export.npair_localization`).
+  (`tf_twobranch.systems.npair.export`).
 
 A side with a mask reaches the family's ``pair_scores`` as the pair
 ``(embeddings, mask)``, a side without one as the embeddings alone. With

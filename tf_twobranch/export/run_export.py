@@ -35,7 +35,7 @@ from absl import logging
 
 from tf_twobranch.data.formats._common import read_text
 from tf_twobranch.data.formats.flickr30k_tokens import read_token_file
-from tf_twobranch.data.sentence_fragments import caption_keys
+from tf_twobranch.systems.fragments.sentence_fragments import caption_keys
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.export import serving
 from tf_twobranch.export.retrieval import gallery_from_model
@@ -260,8 +260,8 @@ def _plain_captions(path: pathlib.Path) -> tuple[list[str], list[tuple]]:
 def two_branch_export(run: Run) -> FamilyExport:
     """An image–sentence row: raw inputs where the pipeline knows the row's feature pieces."""
     from tf_twobranch.data.retrieval_data import load_caption_splits
-    from tf_twobranch.export.two_branch import TwoBranchServingModule, export_saved_model
-    from tf_twobranch.pipelines import two_branch_retrieval as pipeline
+    from tf_twobranch.systems.two_branch.export import TwoBranchServingModule, export_saved_model
+    from tf_twobranch.systems.two_branch import pipeline
 
     recipe = pipeline.RetrievalRecipe.from_record(run.results or run.config, str(run.run_dir / "results.json"))
     layout = pipeline.dataset_layout(recipe)
@@ -298,7 +298,7 @@ def two_branch_export(run: Run) -> FamilyExport:
 
 def phrase_localization_export(run: Run) -> FamilyExport:
     """A phrase-localization row: the region–phrase export its experiment writes."""
-    from tf_twobranch.export.localization import export_phrase_localization_run
+    from tf_twobranch.systems.two_branch.region_phrase_export import export_phrase_localization_run
 
     inputs = (run.results or {}).get("inputs")
     if not isinstance(inputs, dict):
@@ -315,9 +315,9 @@ def phrase_localization_export(run: Run) -> FamilyExport:
 
 def dual_path_export(run: Run) -> FamilyExport:
     """A dual-path run: JPEG bytes and captions in; the gallery is its recorded test recipe."""
-    from tf_twobranch.data.dual_path_data import dual_path_data
+    from tf_twobranch.systems.dual_path.data import dual_path_data
     from tf_twobranch.data.layout import resolve_dataset
-    from tf_twobranch.export.dual_path import DualPathServingModule, export_dual_path
+    from tf_twobranch.systems.dual_path.export import DualPathServingModule, export_dual_path
     from tf_twobranch.runs import dual_path_test_split
 
     record = (run.results or {}).get("evaluation") or {}
@@ -349,10 +349,10 @@ def dual_path_export(run: Run) -> FamilyExport:
 def fragment_export(run: Run) -> FamilyExport:
     """A deep-fragment-embedding run: JPEG bytes + boxes through its kept CNN, parse triplets."""
     from tf_twobranch.data.formats.conllu import read_conllu
-    from tf_twobranch.data.sentence_fragments import tree_triplets
-    from tf_twobranch.export.fragment_embedding import (FragmentServingModule, export_fragment_model,
+    from tf_twobranch.systems.fragments.sentence_fragments import tree_triplets
+    from tf_twobranch.systems.fragments.export import (FragmentServingModule, export_fragment_model,
                                                         fragment_gallery, triplet_request)
-    from tf_twobranch.pipelines import fragment_embeddings as pipeline
+    from tf_twobranch.systems.fragments import pipeline
 
     recipe = pipeline.FragmentRecipe.from_record(run.config, str(run.run_dir / "run_config.json"))
     if run.model.config.representation != "fragments":
@@ -407,7 +407,7 @@ def fragment_export(run: Run) -> FamilyExport:
 
 def npair_export(run: Run) -> FamilyExport:
     """An N-pair localization run: JPEG bytes and captions in (S_MaxImage or the row's aggregator)."""
-    from tf_twobranch.export.npair_localization import NPairServingModule, export_npair_model
+    from tf_twobranch.systems.npair.export import NPairServingModule, export_npair_model
 
     vocabulary = run.config.get("vocabulary")
     recipe = (run.results or {}).get("recipe") or run.config.get("recipe") or {}

@@ -73,8 +73,8 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from tf_twobranch import distribute
-    from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
-    from tf_twobranch.sampling import image_sentence as sampling
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch import sampling
     from tf_twobranch.training import trainer
 
     if args.cpu_replicas > 1:

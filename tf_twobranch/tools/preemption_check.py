@@ -72,8 +72,8 @@ def train_tiny_model(run_dir, *, epochs: int, steps_per_epoch: int, backup_every
     # Keras/TensorFlow only when a run trains: --help and the --self_test parent stay light.
     import keras
 
-    from tf_twobranch.models.two_branch import TwoBranchConfig, build_model
-    from tf_twobranch.sampling.image_sentence import attach_features, image_sentence_batches
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch.sampling import attach_features, image_sentence_batches
     from tf_twobranch.training import trainer
 
     run_dir = pathlib.Path(run_dir)
