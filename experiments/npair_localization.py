@@ -41,13 +41,11 @@ from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.data.phrases import phrase_fingerprint
 from tf_twobranch.evaluation import pointing_game, retrieval
-from tf_twobranch.systems.npair import heat_maps as localization_maps
+from tf_twobranch.systems.npair import heat_maps as localization_maps, pipeline as npair, sampling as npair_batches
 from tf_twobranch.systems.npair.features import phrase_parsed_captions, split_images
 from tf_twobranch.systems.npair.losses import DEFAULT_TEMPERATURE
 from tf_twobranch.systems.npair.model import build_npair_model, save_npair_config
-from tf_twobranch.systems.npair import pipeline as npair
 from tf_twobranch.systems.npair.pipeline import NPairRecipe
-from tf_twobranch.systems.npair import sampling as npair_batches
 from tf_twobranch.training import trainer
 
 # The embedded scenes (6×6×128 scene-CNN maps, ~130 words): the paper's structure at a few CPU minutes a

@@ -209,13 +209,14 @@ def test_draw_localization_refuses_another_family_without_a_traceback(tmp_path):
 
 
 def test_every_experiment_records_its_task():
-    from tf_twobranch.run_folders import TASKS
-    for task in TASKS.values():
-        source = (REPO_ROOT / (task.experiment.replace(".", "/") + ".py")).read_text(encoding="utf-8")
-        # An experiment whose row runs in a library pipeline records the task there.
-        for name in re.findall(r"from tf_twobranch\.pipelines import (\w+)", source):
-            source += (REPO_ROOT / "tf_twobranch" / "pipelines" / f"{name}.py").read_text(encoding="utf-8")
-        assert f'"task": "{task.name}"' in source, task.experiment
+    from tf_twobranch import systems
+    for system in systems.all():
+        folder = REPO_ROOT / "tf_twobranch" / "systems" / system.name
+        for task in system.tasks:
+            source = (REPO_ROOT / (task.experiment.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+            # An experiment whose row runs in its system's pipeline records the task there.
+            source += "".join(p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.py")))
+            assert f'"task": "{task.name}"' in source, task.experiment
 
 
 def test_load_run_on_a_cca_run_says_what_it_is(tmp_path):

@@ -53,10 +53,10 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 def test_draw_heat_maps_and_the_pipeline_import_no_experiment():
     for path in (REPO_ROOT / "experiments" / "draw_heat_maps.py",
-                 *(REPO_ROOT / "tf_twobranch" / "pipelines").glob("*.py")):
+                 *(REPO_ROOT / "tf_twobranch" / "systems").glob("*/pipeline.py")):
         found = sorted(m for m in _imports(path) if m == "experiments" or m.startswith("experiments."))
         assert not found, f"{path.name} imports {found}"
-    source = (REPO_ROOT / "tf_twobranch" / "pipelines" / "npair_localization.py").read_text(encoding="utf-8")
+    source = (REPO_ROOT / "tf_twobranch" / "systems" / "npair" / "pipeline.py").read_text(encoding="utf-8")
     assert "DEFINE_" not in source
 
 

@@ -326,53 +326,35 @@ class RowCost:
         return {"params": self.params, "train_s": self.train_s, "eval_s": self.eval_s}
 
 
-def _model_params(model) -> int | None:
-    try:
-        return int(model.count_params())
-    except (AttributeError, ValueError):
-        return None
-
-
-def _cca_params(cca) -> int:
-    return int(sum(np.asarray(getattr(cca, name)).size for name in
-                   ("image_mean_", "text_mean_", "image_projection_", "text_projection_")))
-
-
 @contextlib.contextmanager
 def measure_row() -> Iterator[RowCost]:
     """Measures a row run inside the block through the package's one trainer (`trainer.train`)
-    and the CCA baseline's `fit`, the two ways a system is trained.
+    and the CCA baseline's `fit`, the two ways a system is trained (`training.fit_timing`).
 
     Training seconds are the time inside those calls; evaluation seconds the time from the end
     of each call to the next one or to the end of the block (scoring the test split, the
     grounding, writing the record); data loading and cached features before the first call
     count in neither. Parameters: every weight of the trained model (frozen backbones included).
     """
-    from tf_twobranch.systems.two_branch.cca import CCABaseline
-    from tf_twobranch.training import trainer
+    from tf_twobranch.training import fit_timing
 
     cost = RowCost()
-    original_train, original_fit = trainer.train, CCABaseline.fit
 
-    def timed(call, count):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+    class Listener:
+        @staticmethod
+        def started(start):
             cost.close(start)
-            try:
-                return call(*args, **kwargs)
-            finally:
-                end = time.perf_counter()
-                cost.train_s = (cost.train_s or 0.0) + end - start
-                cost._last_end = end
-                cost.params = max(cost.params or 0, count(args[0]) or 0)
-        return wrapper
 
-    trainer.train = timed(original_train, _model_params)
-    CCABaseline.fit = timed(original_fit, _cca_params)
+        @staticmethod
+        def finished(start, end, params):
+            cost.train_s = (cost.train_s or 0.0) + end - start
+            cost._last_end = end
+            cost.params = max(cost.params or 0, params or 0)
+
     try:
-        yield cost
+        with fit_timing.listening(Listener):
+            yield cost
     finally:
-        trainer.train, CCABaseline.fit = original_train, original_fit
         cost.close(time.perf_counter())
 
 

@@ -236,3 +236,13 @@ class CaptionCorpus:
                 raise DataFormatError(source, f"caption {i} of image {image_id!r} is empty",
                                       record=f"caption {i}")
         return self
+
+
+def caption_keys(corpus: CaptionCorpus) -> list[str]:
+    """``<image id>#<p>`` of every caption, p its position (from 0) among its image's captions."""
+    keys, previous, k = [], -1, 0
+    for image in corpus.caption_image:
+        k = k + 1 if image == previous else 0
+        previous = image
+        keys.append(f"{corpus.image_ids[image]}#{k}")
+    return keys

@@ -40,6 +40,7 @@ from tf_twobranch.distribute import (STRATEGIES, cluster_resolver, distribute_gl
                                      is_multi_worker, without_autotuning)
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.json_files import write_json
+from tf_twobranch.training.fit_timing import model_params, reports_fit
 
 def _gather_over_workers(strategy: tf.distribute.Strategy, value: int) -> list[int]:
     """`value` of every replica of the cluster (a collective: every worker must call it)."""
@@ -465,6 +466,7 @@ def _dataset_at(dataset, step: int, multi_worker_strategy=None):
     return without_autotuning(ds) if isinstance(ds, tf.data.Dataset) else ds
 
 
+@reports_fit(model_params)
 def train(model: keras.Model, dataset, cfg: TrainConfig, run_dir,
           *, steps_per_epoch: int, extra_callbacks=(), initial_epoch: int = 0,
           epochs: int | None = None) -> keras.callbacks.History:

@@ -29,12 +29,14 @@ import tensorflow as tf
 
 from tf_twobranch.data.text_codes import TokenCoder
 from tf_twobranch.export import serving
+from tf_twobranch.errors import UserInputError
 from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures
+from tf_twobranch.export.run_gallery import RunExport, batched, caption_keys, gallery_caption_ids, plain_captions
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.systems.dual_path.model import DualPathModel
 from tf_twobranch.vectors import l2_normalize_rows
 
-__all__ = ["DualPathServingModule", "export_dual_path"]
+__all__ = ["DualPathServingModule", "export_dual_path", "dual_path_gallery", "run_export"]
 
 WARMUP_CAPTIONS = ("a red seven on the left", "two blue digits")
 
@@ -159,3 +161,38 @@ def embed_with_keras(model: DualPathModel, jpeg_bytes: Sequence[bytes], codes: n
     images = model.embed_images(pixels, flip_average=True)
     texts = model.embed_texts(codes)
     return l2_normalize_rows(images), l2_normalize_rows(texts)
+
+
+# ---------------------------------------------------------------------------- a finished run
+
+def dual_path_gallery(model, split, image_ids, caption_ids) -> RetrievalGallery:
+    """The L2-normalised, flip-averaged embeddings of `split`, as ``evaluate`` ranks them."""
+    from tf_twobranch.models.evaluation_input import as_evaluation_split
+
+    images, texts = model.retrieval_embeddings(as_evaluation_split(split))
+    return RetrievalGallery([str(i) for i in image_ids], np.asarray(images, np.float32),
+                            [str(c) for c in caption_ids], np.asarray(texts, np.float32))
+
+
+def run_export(run) -> RunExport:
+    """A dual-path run: JPEG bytes and captions in; the gallery is its recorded test recipe."""
+    from tf_twobranch.systems.dual_path.run_split import dual_path_test_split, rebuild_dual_path_data
+
+    record = (run.results or {}).get("evaluation") or {}
+    vocabulary = run.config.get("vocabulary")
+    if record.get("kind") != "dual_path" or not vocabulary:
+        raise UserInputError(f"{run.run_dir}: a dual-path run needs results.json 'evaluation' (its test recipe) "
+                             "and run_config.json 'vocabulary' (written by the experiment when it finishes)")
+
+    def split_gallery():
+        data = rebuild_dual_path_data(record, vocabulary)
+        return dual_path_gallery(run.model, dual_path_test_split(record, data), list(data.image_ids),
+                                  gallery_caption_ids(data.image_ids, data.caption_image))
+
+    def write(export_dir, gallery, _block):
+        return export_dual_path(run.model, vocabulary, export_dir, resize_to=record.get("resize_to"),
+                                run_config={key: run.config[key] for key in ("model", "typed_flags", "flags", "recipe")
+                                            if key in run.config}, gallery=gallery)
+
+    return RunExport("dual_path", record["split"], split_gallery,
+                        lambda: DualPathServingModule(run.model, vocabulary), write, text_inputs=plain_captions)

@@ -37,7 +37,7 @@ from tf_twobranch.systems.dual_path.model import (DualPathConfig, DualPathModel,
                                            save_dual_path_config)
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import RunRecipe, apply_profile, apply_smoke
-from tf_twobranch.runs import dual_path_test_split, record_dual_path_split
+from tf_twobranch.systems.dual_path.run_split import dual_path_test_split, record_dual_path_split
 from tf_twobranch.systems.dual_path import sampling as dp
 from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table, is_smoke, paper_beside_record,
                                  paper_numbers, resolve_protocol, split_record, table_title)

@@ -94,8 +94,10 @@ from typing import Sequence
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
-from tf_twobranch.errors import ConfigError
+from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.export.run_gallery import RunExport, batched, caption_keys, gallery_caption_ids, plain_captions
 from tf_twobranch.export import serving
 from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures, padded_rows
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
@@ -105,7 +107,7 @@ from tf_twobranch.systems.fragments import losses as fragment_losses
 from tf_twobranch.models.evaluation_input import as_evaluation_split
 from tf_twobranch.systems.fragments.model import FragmentEmbeddingModel
 
-__all__ = ["FragmentServingModule", "export_fragment_model", "fragment_gallery", "triplet_request"]
+__all__ = ["FragmentServingModule", "export_fragment_model", "fragment_gallery", "triplet_request", "run_export"]
 
 ID_INPUTS = ("relation", "word1", "word2")
 # Scores per query row of one gallery block (fragment pairs): bounds a retrieval request's memory.
@@ -726,3 +728,62 @@ def export_fragment_model(model: FragmentEmbeddingModel, export_dir, *, relation
         config["fragment_export"].update(gallery_images=len(gallery.image_ids),
                                          gallery_captions=len(gallery.caption_ids))
     return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
+
+
+# ---------------------------------------------------------------------------- a finished run
+
+def run_export(run) -> RunExport:
+    """A deep-fragment-embedding run: JPEG bytes + boxes through its kept CNN, parse triplets."""
+    from tf_twobranch.data.formats.conllu import read_conllu
+    from tf_twobranch.systems.fragments.sentence_fragments import tree_triplets
+    from tf_twobranch.systems.fragments import pipeline
+
+    recipe = pipeline.FragmentRecipe.from_record(run.config, str(run.run_dir / "run_config.json"))
+    if run.model.config.representation != "fragments":
+        raise UserInputError(f"{run.run_dir}: a {run.model.config.representation} row embeds whole images and "
+                             "sentences; only the fragment representation is exported")
+    data = pipeline.load_data(recipe)
+    cnn, note = pipeline.serving_image_cnn(recipe, data, run.model.config)
+    if note:
+        logging.info("export: %s", note)
+    relations, words = data.text.relations, data.text.word_vectors.words
+
+    def split_gallery():
+        corpus = data.splits[recipe.eval_split]
+        split = pipeline.evaluation_split(recipe, data, run.model.config)
+        return fragment_gallery(run.model, split, list(corpus.image_ids), caption_keys(corpus))
+
+    def image_inputs(jpegs):
+        # A folder's JPEGs come without proposals: fragment 0, the whole image, alone.
+        return (jpegs, np.zeros((len(jpegs), 1, 4), np.float32), np.zeros(len(jpegs), np.int32))
+
+    def text_inputs(path):
+        if path.suffix.lower() != ".conllu":
+            raise UserInputError(f"{path}: a fragment row's gallery captions are dependency parses (a parser "
+                                 "cannot live in the SavedModel): give a CoNLL-U file (*.conllu, e.g. written by "
+                                 "tf_twobranch.data.spacy_parses.write_caption_parses), one '# sent_id' per caption")
+        trees = read_conllu(path)
+        if not trees:
+            raise UserInputError(f"{path}: the CoNLL-U file holds no parsed caption")
+        ids = list(trees)
+        triplets = [tree_triplets(trees[i], recipe.fragments, collapse_prepositions=recipe.collapse_prepositions)
+                    for i in ids]
+
+        def request(rows):
+            out = triplet_request(rows)
+            return tuple(out[name] for name in ("relation", "word1", "word2"))
+
+        return ids, batched(triplets, request)
+
+    def write(export_dir, gallery, block):
+        return export_fragment_model(run.model, export_dir, relations=relations, words=words, image_cnn=cnn,
+                                     gallery=gallery, gallery_block=block,
+                                     run_config={"model": run.model.config.to_dict(),
+                                                 **{k: run.config[k] for k in ("typed_flags", "recipe") if k in run.config},
+                                                 "export_notes": [note] if note else []})
+
+    return RunExport("fragment_embedding", recipe.eval_split, split_gallery,
+                        lambda: FragmentServingModule(run.model, relations, words, image_cnn=cnn), write,
+                        image_inputs=image_inputs, text_inputs=text_inputs,
+                        no_image_gallery=note and note.replace(": the export takes image_fragments",
+                                                               ": the export takes image_fragments, not JPEGs"))

@@ -54,7 +54,7 @@ from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig, build
 from tf_twobranch.cli import split_paths
 from tf_twobranch.recipes import RunRecipe
 from tf_twobranch.table_runner import slug
-from tf_twobranch.runs import Run, _config_folder, run_results, run_weights
+from tf_twobranch.run_loading import Run, config_folder, run_results, run_weights
 
 __all__ = ["FragmentRecipe", "FragmentData", "load_data", "build_config", "image_inputs", "evaluation_split",
            "stage_epochs", "stage_learning_rate", "initial_weights", "load_fragment_run", "grounding",
@@ -314,14 +314,14 @@ def _stage_results(run_dir: pathlib.Path, folder: pathlib.Path, run_config: dict
 
 
 def load_fragment_run(run_dir: pathlib.Path, checkpoint: str = "latest") -> Run:
-    """A deep-fragment-embedding run (`runs.RUN_LOADERS`): the last stage's model, or the given stage folder's.
+    """A deep-fragment-embedding run (its system's `load`): the last stage's model, or the given stage folder's.
 
     Its `evaluation_split()` rebuilds the evaluated split from the recorded
     recipe (`load_data`: the cached fragment features, the parses and word
     vectors of the row); the model's frozen word vectors are in its checkpoint.
     """
     run_dir = pathlib.Path(run_dir)
-    folder = _config_folder(run_dir, FragmentEmbeddingConfig.FILE_NAME)
+    folder = config_folder(run_dir, FragmentEmbeddingConfig.FILE_NAME)
     if folder is None:
         raise UserInputError(f"{run_dir}: the run has no trained stage ({FragmentEmbeddingConfig.FILE_NAME} "
                              "in stage2/, stage1/ or the folder itself); a random-ranking row has no model")

@@ -23,7 +23,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from tf_twobranch.data.corpus import CaptionCorpus
+from tf_twobranch.data.corpus import CaptionCorpus, caption_keys
 from tf_twobranch.data.formats.conllu import DependencyTree
 from tf_twobranch.errors import ConfigError, DataFormatError
 
@@ -73,16 +73,6 @@ def tree_triplets(tree: DependencyTree, kind: str = "dependency", *,
             continue
         out.append(replacement.get(i, Triplet(rel, words[head - 1], words[i], head - 1, i)))
     return out
-
-
-def caption_keys(corpus: CaptionCorpus) -> list[str]:
-    """``<image id>#<p>`` of every caption, p its position (from 0) among its image's captions."""
-    keys, previous, k = [], -1, 0
-    for image in corpus.caption_image:
-        k = k + 1 if image == previous else 0
-        previous = image
-        keys.append(f"{corpus.image_ids[image]}#{k}")
-    return keys
 
 
 def _collapsed(text: str) -> str:

@@ -80,13 +80,14 @@ from tf_twobranch.systems.npair import heat_maps as localization_maps
 from tf_twobranch.evaluation.pointing_game import DEFAULT_POINT_RULE, POINT_RULES
 from tf_twobranch.export import serving
 from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures
+from tf_twobranch.export.run_gallery import RunExport, batched, caption_keys, gallery_caption_ids, plain_captions
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.systems.npair.features import CAPTION_LENGTH_RULE, kept_caption_words
 from tf_twobranch.systems.npair import heat_map_volume as volume
 from tf_twobranch.systems.npair.model import END_TOKEN, START_TOKEN, NPairLocalizationModel
 
-__all__ = ["RESERVED_TOKENS", "NPairServingModule", "export_npair_model", "npair_gallery"]
+__all__ = ["RESERVED_TOKENS", "NPairServingModule", "export_npair_model", "npair_gallery", "run_export"]
 
 # Products of one gallery block per query row (H·W·T per image–caption pair): bounds a retrieval request's memory.
 BLOCK_PRODUCTS = 2 ** 22
@@ -374,3 +375,25 @@ def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary:
     if gallery is not None:
         config["npair_export"].update(gallery_images=len(gallery.image_ids), gallery_captions=len(gallery.caption_ids))
     return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
+
+
+# ---------------------------------------------------------------------------- a finished run
+
+def run_export(run) -> RunExport:
+    """An N-pair localization run: JPEG bytes and captions in (S_MaxImage or the row's aggregator)."""
+    vocabulary = run.config.get("vocabulary")
+    recipe = (run.results or {}).get("recipe") or run.config.get("recipe") or {}
+
+    def split_gallery():
+        split = run.evaluation_split()
+        return npair_gallery(run.model, split, list(split.image_ids),
+                                  gallery_caption_ids(split.image_ids, split.caption_image))
+
+    def write(export_dir, gallery, block):
+        # A run recorded before --point_rule existed was scored by LocNet's argmax rule.
+        return export_npair_model(run.model, export_dir, vocabulary=vocabulary, gallery=gallery, gallery_block=block,
+                                  run_config={"model": run.model.config.to_dict(), "recipe": recipe},
+                                  point_rule=recipe.get("point_rule", "argmax"))
+
+    return RunExport("npair_localization", recipe.get("eval_split", "test"), split_gallery,
+                        lambda: NPairServingModule(run.model, vocabulary), write, text_inputs=plain_captions)

@@ -50,7 +50,7 @@ from tf_twobranch.systems.npair.losses import DEFAULT_TEMPERATURE
 from tf_twobranch.systems.npair.model import (NPairEvaluationSplit, NPairLocalizationConfig,
                                                     build_npair_model, headline_metrics, load_npair_config)
 from tf_twobranch.recipes import RunRecipe
-from tf_twobranch.runs import Run, run_weights
+from tf_twobranch.run_loading import Run, run_weights
 
 __all__ = ["ROW_KINDS", "BASELINE_KINDS", "NPairRecipe", "NPairData", "dataset_layout", "reported_metric",
            "uncomputable_metric", "load_data", "features_cache", "build_config", "evaluation_queries",

@@ -55,6 +55,7 @@ from sklearn.cross_decomposition import CCA
 from sklearn.utils.extmath import randomized_svd
 
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.training.fit_timing import reports_fit
 from tf_twobranch.vectors import l2_normalize_rows
 
 SOLVERS = ("closed_form", "sklearn")
@@ -227,6 +228,8 @@ class CCABaseline:
         self.canonical_correlations_: np.ndarray | None = None  # (k,), descending
 
     # ------------------------------------------------------------------ fit
+    @reports_fit(lambda cca: int(sum(np.asarray(getattr(cca, name)).size for name in (
+        "image_mean_", "text_mean_", "image_projection_", "text_projection_"))))
     def fit(self, image_features: np.ndarray, text_features: np.ndarray) -> "CCABaseline":
         """Fits CCA on paired rows (each caption with its image's features repeated).
 

@@ -64,10 +64,12 @@ import pathlib
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.export import serving
 from tf_twobranch.export.retrieval_signatures import RetrievalGallery, add_retrieval_signatures
+from tf_twobranch.export.run_gallery import RunExport, batched, caption_keys, gallery_caption_ids, plain_captions
 from tf_twobranch.export.saved_model import TowerServingModule, save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size
 from tf_twobranch.features.image_features import view_settings
@@ -77,7 +79,7 @@ from tf_twobranch.features.tf_text_features import text_feature_layer_from_encod
 from tf_twobranch.systems.two_branch.text_towers import build_string_text_tower
 from tf_twobranch.systems.two_branch.model import TwoBranchModel
 
-__all__ = ["TwoBranchServingModule", "export_saved_model"]
+__all__ = ["TwoBranchServingModule", "export_saved_model", "retrieval_gallery", "retrieval_run_export"]
 
 WARMUP_CAPTION = "a photo of a dog"
 
@@ -357,3 +359,52 @@ def export_saved_model(model: TwoBranchModel, export_dir, *, text_encoder=None,
         config["serving"]["gallery"] = {"num_images": len(gallery.image_ids),
                                         "num_captions": len(gallery.caption_ids)}
     return save_module_atomically(module, export_dir, config, overwrite=overwrite, model_name=model_name)
+
+
+# ---------------------------------------------------------------------------- a finished run
+
+def retrieval_gallery(model, split, image_ids, caption_ids) -> RetrievalGallery:
+    """The tower outputs of `split` (an `EvaluationSplit` or a dict with ``image``, ``text`` and
+    ``caption_image``), as ``evaluate`` embeds it; one id per image row and per caption."""
+    from tf_twobranch.models.evaluation_input import as_evaluation_split
+
+    split = as_evaluation_split(split)
+    return RetrievalGallery([str(i) for i in image_ids], np.asarray(model.embed_images(split.image), np.float32),
+                            [str(c) for c in caption_ids], np.asarray(model.embed_texts(split.text), np.float32))
+
+
+def retrieval_run_export(run) -> RunExport:
+    """An image–sentence row: raw inputs where the pipeline knows the row's feature pieces."""
+    from tf_twobranch.data.retrieval_data import load_caption_splits
+    from tf_twobranch.systems.two_branch import pipeline
+
+    recipe = pipeline.RetrievalRecipe.from_record(run.results or run.config, str(run.run_dir / "results.json"))
+    layout = pipeline.dataset_layout(recipe)
+    corpora = load_caption_splits(layout)
+    splits = {s: corpora[s] for s in ("train", "test")}
+    raw_inputs, notes = pipeline.serving_inputs(recipe, layout, splits)
+    for note in notes:
+        logging.info("export: %s", note)
+    views = {k: raw_inputs[k] for k in ("ten_crop", "crop_size", "resize_to") if k in raw_inputs}
+    text_encoder = raw_inputs.get("text_encoder")
+
+    def module():
+        layer = None if text_encoder is None else text_feature_layer_from_encoder(text_encoder)
+        return TwoBranchServingModule(run.model, text_layer=layer, image_backbone=raw_inputs.get("image_backbone"),
+                                      image_views=views)
+
+    def split_gallery():
+        test = splits["test"]
+        return retrieval_gallery(run.model, run.evaluation_split(), list(test.image_ids), caption_keys(test))
+
+    def write(export_dir, gallery, _block):
+        return export_saved_model(run.model, export_dir, **raw_inputs, gallery=gallery,
+                                  run_config={**run.config, "serving": {"notes": notes}})
+
+    feature_side = {n.split(":")[0]: n for n in notes}
+    return RunExport(
+        "two_branch", "test", split_gallery, module, write, text_inputs=plain_captions,
+        no_image_gallery=("the export takes image_features (" + feature_side["image side"] + ")"
+                          if "image_backbone" not in raw_inputs else None),
+        no_caption_gallery=("the export takes text_features (" + feature_side["text side"] + ")"
+                            if "text side" in feature_side else None))

@@ -27,7 +27,7 @@ from tf_twobranch.systems.two_branch.losses import check_top_k_fits_batch
 from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import RunRecipe, prepare_recipe
-from tf_twobranch.runs import record_feature_split
+from tf_twobranch.run_loading import record_feature_split
 from tf_twobranch.systems.two_branch import sampling
 from tf_twobranch.tables import (format_retrieval_table, is_smoke, paper_beside_record, paper_numbers,
                                  resolve_protocol, split_record, table_title)

@@ -66,7 +66,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_twobranch.errors import ConfigError
+from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.export.run_gallery import RunExport
 from tf_twobranch.export import serving
 from tf_twobranch.export.saved_model import save_module_atomically, warmup_jpeg
 from tf_twobranch.features.backbones import backbone_input_size, build_backbone
@@ -76,7 +77,7 @@ from tf_twobranch.image_decoding import tf_decode_image
 from tf_twobranch.systems.two_branch.model import TwoBranchModel
 
 __all__ = ["BOX_CONVENTIONS", "decode_image_exact", "crop_regions", "RegionPhraseServingModule",
-           "export_region_phrase_model", "export_phrase_localization_run"]
+           "export_region_phrase_model", "export_phrase_localization_run", "region_phrase_run_export"]
 
 BOX_CONVENTIONS = ("inclusive", "half_open")
 
@@ -356,3 +357,20 @@ def export_phrase_localization_run(model: TwoBranchModel, inputs: dict, export_d
     encoder = load_text_encoder(inputs["text_encoder"])
     return export_region_phrase_model(model, backbone, encoder, export_dir,
                                       crop_size=backbone_input_size(backbone), run_config=run_config)
+
+
+# ---------------------------------------------------------------------------- a finished run
+
+def region_phrase_run_export(run) -> RunExport:
+    """A phrase-localization row: the region–phrase export its experiment writes."""
+    inputs = (run.results or {}).get("inputs")
+    if not isinstance(inputs, dict):
+        raise UserInputError(f"{run.run_dir}: results.json records no 'inputs' (backbone, encoder) of the "
+                             "phrase-localization run (the run did not finish)")
+
+    def write(export_dir, _gallery, _block):
+        return export_phrase_localization_run(run.model, inputs, export_dir, run_config=run.config)
+
+    return RunExport("two_branch", None, None, None, write,
+                        no_gallery=f"{run.run_dir}: a phrase-localization run ranks boxes for a phrase, not a "
+                                   "retrieval gallery (its export is score_proposals)")

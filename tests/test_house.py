@@ -1,0 +1,93 @@
+"""The house in code (issue 40): one folder per system over a core that imports none, and the
+run-level apps reaching a system only through the registry (`tf_twobranch.systems`)."""
+import ast
+import pathlib
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = REPO_ROOT / "tf_twobranch"
+SYSTEMS = ("two_branch", "dual_path", "fragments", "npair")
+REGISTRY = {"tf_twobranch.systems", "tf_twobranch.systems.registry"}
+# The run-level apps: they load, export, compare or check runs of any system.
+APPS = {"tf_twobranch.runs", "tf_twobranch.run_folders", "tf_twobranch.export.run_export",
+        "tf_twobranch.export.retrieval", "tf_twobranch.leaderboard", "tf_twobranch.tools.export_run"}
+# Checks of the one trainer that train a real model, the two-branch network's (issue 40: not yet
+# reached through the registry).
+TRAINER_CHECKS = {"tf_twobranch.tools.preemption_check", "tf_twobranch.tools.distributed_check"}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def _system_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] == ["tf_twobranch", "systems"] and len(parts) > 2 and parts[2] in SYSTEMS:
+        return parts[2]
+    return None
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_system_has_its_folder_and_registers_one_system_object():
+    from tf_twobranch import systems
+    assert tuple(s.name for s in systems.all()) == SYSTEMS
+    for name in SYSTEMS:
+        assert (PACKAGE / "systems" / name / "system.py").is_file()
+        assert systems.get(name).name == name
+
+
+def test_no_core_module_imports_a_system():
+    for module, path in MODULES.items():
+        if module.startswith("tf_twobranch.systems") or module in APPS | TRAINER_CHECKS:
+            continue
+        found = sorted(m for m in _imports(path) if m.startswith("tf_twobranch.systems"))
+        assert not found, f"{module} (core) imports {found}"
+
+
+def test_apps_reach_a_system_only_through_the_registry():
+    for module in sorted(APPS):
+        found = sorted(m for m in _imports(MODULES[module]) if _system_of(m))
+        assert not found, f"{module} imports {found} (use tf_twobranch.systems.get / for_task / for_model)"
+
+
+def test_no_system_folder_imports_another_or_an_app():
+    for module, path in MODULES.items():
+        own = _system_of(module)
+        if own is None:
+            continue
+        imports = _imports(path)
+        others = sorted(m for m in imports if _system_of(m) not in (None, own))
+        assert not others, f"{module} imports another system: {others}"
+        apps = sorted(m for m in imports if m in APPS or m.split(".")[0] == "experiments")
+        assert not apps, f"{module} imports an app: {apps}"
+
+
+def test_no_importlib_and_no_module_function_strings_in_the_package():
+    for module, path in MODULES.items():
+        text = path.read_text(encoding="utf-8")
+        assert "importlib" not in _imports(path), module
+        assert "import_module(" not in text, module
+
+
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_system_objects_import_no_tensorflow(name):
+    import subprocess
+    import sys
+    code = (f"import sys, tf_twobranch.systems.{name}.system, tf_twobranch.run_folders; "
+            "sys.exit('tensorflow' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT).returncode == 0

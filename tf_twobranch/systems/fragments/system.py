@@ -1,0 +1,41 @@
+"""The deep-fragment-embedding system as the registry knows it (no TensorFlow at import)."""
+from __future__ import annotations
+
+import pathlib
+
+from tf_twobranch.systems.registry import RunTask, System
+
+FRAGMENTS = RunTask("fragment_embeddings", "a deep-fragment-embedding run (Karpathy et al.)",
+                    "experiments.fragment_embeddings", "experiments.draw_fragments")
+CONFIG_FILE = "fragment_config.json"
+
+
+def load(run_dir: pathlib.Path, checkpoint: str):
+    from tf_twobranch.systems.fragments.pipeline import load_fragment_run
+    return load_fragment_run(run_dir, checkpoint)
+
+
+def export(run, task: str):
+    from tf_twobranch.systems.fragments.export import run_export
+    return run_export(run)
+
+
+def gallery(model, split, image_ids, caption_ids):
+    from tf_twobranch.systems.fragments.export import fragment_gallery
+    return fragment_gallery(model, split, image_ids, caption_ids)
+
+
+def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[str, str] | None:
+    source = _marker(run_dir, CONFIG_FILE)
+    return None if source is None else (FRAGMENTS.name, source)
+
+
+def _marker(run_dir: pathlib.Path, file_name: str) -> str | None:
+    return next((str(run_dir / s / file_name) for s in ("stage2", "stage1", ".") if (run_dir / s / file_name).is_file()),
+                None)
+
+
+SYSTEM = System(
+    name="fragments", paper="Karpathy, Joulin, Fei-Fei: Deep fragment embeddings for bidirectional image sentence "
+    "mapping (NIPS 2014)", model_family="fragment_embedding", tasks=(FRAGMENTS,),
+    load=load, export=export, gallery=gallery, recognise=recognise)

@@ -1,0 +1,40 @@
+"""The N-pair localization system as the registry knows it (no TensorFlow at import)."""
+from __future__ import annotations
+
+import pathlib
+
+from tf_twobranch.systems.registry import RunTask, System
+
+NPAIR = RunTask("npair_localization", "an N-pair localization run (Das et al.)",
+                "experiments.npair_localization", "experiments.draw_heat_maps")
+CONFIG_FILE = "npair_config.json"
+
+
+def load(run_dir: pathlib.Path, checkpoint: str):
+    from tf_twobranch.systems.npair.pipeline import load_npair_run
+    return load_npair_run(run_dir, checkpoint)
+
+
+def export(run, task: str):
+    from tf_twobranch.systems.npair.export import run_export
+    return run_export(run)
+
+
+def gallery(model, split, image_ids, caption_ids):
+    from tf_twobranch.systems.npair.export import npair_gallery
+    return npair_gallery(model, split, image_ids, caption_ids)
+
+
+def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[str, str] | None:
+    """Its config file, or a pointing-baseline row's results (``row_kind``: no model)."""
+    source = next((str(run_dir / s / CONFIG_FILE) for s in ("stage2", "stage1", ".")
+                   if (run_dir / s / CONFIG_FILE).is_file()), None)
+    if source is None and "row_kind" in results:
+        source = str(run_dir / "results.json")
+    return None if source is None else (NPAIR.name, source)
+
+
+SYSTEM = System(
+    name="npair", paper="Das, Ghouse, Verma, Li: Semi supervised phrase localization in a bidirectional "
+    "caption-image retrieval framework", model_family="npair_localization", tasks=(NPAIR,),
+    load=load, export=export, gallery=gallery, recognise=recognise)

@@ -1,0 +1,109 @@
+"""The one registry of paper systems: what the run-level apps know of a system.
+
+`load_run`, `export_run`, `gallery_from_model` and the run-folder checks reach a system only
+through its `System` here (`get(name)`, `all()`, `for_task(task)`, `for_model(model)`): no
+"module:function" strings, no `importlib`, no if-chain on a system's name. A system declares
+its `System` in ``tf_twobranch/systems/<name>/system.py``; the four of the package are
+registered when `tf_twobranch.systems` is imported, and `register` adds another (a system that
+lives in one folder of its own, e.g. a test's).
+
+This module and every ``system.py`` import no TensorFlow: the draw tools read a folder's kind
+(`tf_twobranch.run_folders`) before anything heavy loads. A system's callables import what
+they need when called.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Callable
+
+from tf_twobranch.errors import ConfigError
+
+__all__ = ["RunTask", "System", "register", "unregister", "get", "all_systems", "for_task", "for_model",
+           "tasks"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTask:
+    """A kind of run folder an experiment writes (``results.json["task"]``)."""
+    name: str               # the "task" value the experiment records
+    description: str        # for messages: "a ... run"
+    experiment: str         # the module that writes such run folders
+    draw_tool: str | None   # the module that draws its pictures, if any
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """One paper system: its name, its kinds of run, and what the apps call on its runs.
+
+    `load(run_dir, checkpoint) -> run_loading.Run`: the model of a finished run folder.
+    `export(run, task) -> export.run_gallery.RunExport`: what `export_run` writes for it.
+    `gallery(model, split, image_ids, caption_ids) -> RetrievalGallery`: the retrieval gallery
+    its model embeds, as its ``evaluate`` embeds `split`.
+    `recognise`: the task of an older folder (no recorded task) from the files only this system's runs write.
+    """
+    name: str
+    paper: str
+    model_family: str                         # the `ModelConfig.FAMILY` of its models
+    tasks: tuple[RunTask, ...]
+    load: Callable[[pathlib.Path, str], Any]
+    export: Callable[[Any, str], Any]
+    gallery: Callable[..., Any]
+    # (run_dir, results.json, run_config.json) -> (its task, the file that says so), for folders
+    # written before the task was recorded.
+    recognise: Callable[[pathlib.Path, dict, dict], tuple[str, str] | None] = lambda run_dir, results, config: None
+
+
+_SYSTEMS: dict[str, System] = {}
+
+
+def register(system: System) -> System:
+    """Adds `system` (its name and its tasks must be new); returns it."""
+    if system.name in _SYSTEMS:
+        raise ConfigError(f"a system named {system.name!r} is registered already")
+    known = tasks()
+    for task in system.tasks:
+        if task.name in known:
+            raise ConfigError(f"system {system.name!r}: task {task.name!r} belongs to another system")
+    _SYSTEMS[system.name] = system
+    return system
+
+
+def unregister(name: str) -> None:
+    """Removes a system added with `register` (tests)."""
+    _SYSTEMS.pop(name, None)
+
+
+def get(name: str) -> System:
+    """The system called `name`."""
+    try:
+        return _SYSTEMS[name]
+    except KeyError:
+        raise ConfigError(f"unknown system {name!r}; known: {', '.join(_SYSTEMS)}") from None
+
+
+def all_systems() -> tuple[System, ...]:
+    """Every registered system, the package's four first."""
+    return tuple(_SYSTEMS.values())
+
+
+def tasks() -> dict[str, RunTask]:
+    """Every registered kind of run folder, by its recorded name."""
+    return {t.name: t for s in _SYSTEMS.values() for t in s.tasks}
+
+
+def for_task(task: str) -> System:
+    """The system whose experiments record `task`."""
+    for system in _SYSTEMS.values():
+        if any(t.name == task for t in system.tasks):
+            return system
+    raise ConfigError(f"no registered system writes runs of task {task!r}")
+
+
+def for_model(model) -> System:
+    """The system of a built model (its configuration's ``FAMILY``)."""
+    family = getattr(getattr(model, "config", None), "FAMILY", None)
+    for system in _SYSTEMS.values():
+        if system.model_family == family:
+            return system
+    raise ConfigError(f"{type(model).__name__}: not a model of a registered system (family {family!r})")

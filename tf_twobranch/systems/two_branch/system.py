@@ -1,0 +1,57 @@
+"""The two-branch system as the registry knows it (no TensorFlow at import)."""
+from __future__ import annotations
+
+import pathlib
+
+from tf_twobranch.systems.registry import RunTask, System
+
+RETRIEVAL = RunTask("image_sentence_retrieval", "an image-sentence retrieval run (two-branch networks)",
+                    "experiments.image_sentence_retrieval", None)
+REGION_PHRASE = RunTask("phrase_localization", "a phrase-localization run (two-branch networks, Algorithm 1)",
+                        "experiments.phrase_localization", "experiments.draw_localization")
+
+
+def load(run_dir: pathlib.Path, checkpoint: str):
+    """An image–sentence or region–phrase run: ``run_config.json`` with the model configuration,
+    weights in ``checkpoints/<checkpoint>.weights.h5``."""
+    from tf_twobranch.checkpoints import load_checkpoint
+    from tf_twobranch.errors import UserInputError
+    from tf_twobranch.json_files import read_json_object
+    from tf_twobranch.run_loading import Run, run_results, run_weights
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+
+    config_path = run_dir / TwoBranchConfig.FILE_NAME
+    if not config_path.exists():
+        raise UserInputError(f"{run_dir}: a two-branch run folder needs {config_path.name}")
+    config = read_json_object(config_path, "run configuration")
+    if not isinstance(config.get("model"), dict):
+        raise UserInputError(f"{config_path}: no 'model' configuration in it")
+    model = build_model(TwoBranchConfig.from_dict(config["model"]))
+    load_checkpoint(model, run_weights(run_dir, checkpoint))
+    return Run(run_dir, TwoBranchConfig.FAMILY, model, config, run_results(run_dir, run_dir))
+
+
+def export(run, task: str):
+    if task == REGION_PHRASE.name:
+        from tf_twobranch.systems.two_branch.region_phrase_export import region_phrase_run_export
+        return region_phrase_run_export(run)
+    from tf_twobranch.systems.two_branch.export import retrieval_run_export
+    return retrieval_run_export(run)
+
+
+def gallery(model, split, image_ids, caption_ids):
+    from tf_twobranch.systems.two_branch.export import retrieval_gallery
+    return retrieval_gallery(model, split, image_ids, caption_ids)
+
+
+def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[str, str] | None:
+    """A folder written before the task was recorded: a model configuration in run_config.json."""
+    if isinstance(run_config.get("model"), dict):
+        return RETRIEVAL.name, str(run_dir / "run_config.json")
+    return None
+
+
+SYSTEM = System(
+    name="two_branch", paper="Wang, Li, Huang, Lazebnik: Learning two-branch neural networks for image-text "
+    "matching tasks (TPAMI 2018; CVPR 2016)", model_family="two_branch", tasks=(RETRIEVAL, REGION_PHRASE),
+    load=load, export=export, gallery=gallery, recognise=recognise)
