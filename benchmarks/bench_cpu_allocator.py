@@ -38,11 +38,7 @@ import tf_twobranch  # noqa: F401  oneDNN on, as in a run
 import keras
 from tf_twobranch.evaluation.retrieval import evaluate_protocol
 from tf_twobranch.features.scene_cnn import train_scene_cnn
-
-def anonymous_bytes():
-    for line in open("/proc/self/smaps_rollup"):
-        if line.startswith("Anonymous:"):
-            return int(line.split()[1]) * 1024
+from tf_twobranch.memory import status_kib
 
 rng = np.random.default_rng(0)
 out = {}
@@ -71,7 +67,7 @@ out["evaluation_5k"] = time.perf_counter() - t
 del image, text
 
 out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-out["anonymous_after_bytes"] = anonymous_bytes()
+out["anonymous_after_bytes"] = status_kib("self", ("RssAnon",))["RssAnon"] * 1024
 print("RESULT " + json.dumps(out))
 """
 

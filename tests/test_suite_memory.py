@@ -4,13 +4,11 @@ import os
 
 import numpy as np
 
+from tf_twobranch.memory import status_kib
+
 
 def _anonymous_bytes() -> int:
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Anonymous:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no Anonymous line in /proc/self/smaps_rollup")
+    return status_kib("self", ("RssAnon",))["RssAnon"] * 1024
 
 
 def test_a_large_tensor_is_given_back_after_use():

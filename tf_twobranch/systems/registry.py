@@ -20,7 +20,7 @@ from typing import Any, Callable
 from tf_twobranch.errors import ConfigError
 
 __all__ = ["RunTask", "System", "register", "unregister", "get", "all_systems", "for_task", "for_model",
-           "tasks"]
+           "tasks", "stage_file"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +55,13 @@ class System:
 
 
 _SYSTEMS: dict[str, System] = {}
+
+
+def stage_file(run_dir: pathlib.Path, file_name: str) -> str | None:
+    """`file_name` in the run's last stage folder (``stage2``, ``stage1``) or the run folder itself,
+    the first found; for a system's `recognise`."""
+    return next((str(run_dir / stage / file_name) for stage in ("stage2", "stage1", ".")
+                 if (run_dir / stage / file_name).is_file()), None)
 
 
 def register(system: System) -> System:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
-from tf_twobranch.systems.registry import RunTask, System
+from tf_twobranch.systems.registry import RunTask, System, stage_file
 
 DUAL_PATH = RunTask("dual_path", "an instance-loss run (dual-path CNN, Zheng et al.)",
                     "experiments.instance_loss", None)
@@ -46,13 +46,8 @@ def gallery(model, split, image_ids, caption_ids):
 
 
 def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[str, str] | None:
-    source = _marker(run_dir, CONFIG_FILE)
+    source = stage_file(run_dir, CONFIG_FILE)
     return None if source is None else (DUAL_PATH.name, source)
-
-
-def _marker(run_dir: pathlib.Path, file_name: str) -> str | None:
-    return next((str(run_dir / s / file_name) for s in ("stage2", "stage1", ".") if (run_dir / s / file_name).is_file()),
-                None)
 
 
 SYSTEM = System(

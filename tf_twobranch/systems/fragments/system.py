@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
-from tf_twobranch.systems.registry import RunTask, System
+from tf_twobranch.systems.registry import RunTask, System, stage_file
 
 FRAGMENTS = RunTask("fragment_embeddings", "a deep-fragment-embedding run (Karpathy et al.)",
                     "experiments.fragment_embeddings", "experiments.draw_fragments")
@@ -26,13 +26,8 @@ def gallery(model, split, image_ids, caption_ids):
 
 
 def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[str, str] | None:
-    source = _marker(run_dir, CONFIG_FILE)
+    source = stage_file(run_dir, CONFIG_FILE)
     return None if source is None else (FRAGMENTS.name, source)
-
-
-def _marker(run_dir: pathlib.Path, file_name: str) -> str | None:
-    return next((str(run_dir / s / file_name) for s in ("stage2", "stage1", ".") if (run_dir / s / file_name).is_file()),
-                None)
 
 
 SYSTEM = System(

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
-from tf_twobranch.systems.registry import RunTask, System
+from tf_twobranch.systems.registry import RunTask, System, stage_file
 
 NPAIR = RunTask("npair_localization", "an N-pair localization run (Das et al.)",
                 "experiments.npair_localization", "experiments.draw_heat_maps")
@@ -27,8 +27,7 @@ def gallery(model, split, image_ids, caption_ids):
 
 def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[str, str] | None:
     """Its config file, or a pointing-baseline row's results (``row_kind``: no model)."""
-    source = next((str(run_dir / s / CONFIG_FILE) for s in ("stage2", "stage1", ".")
-                   if (run_dir / s / CONFIG_FILE).is_file()), None)
+    source = stage_file(run_dir, CONFIG_FILE)
     if source is None and "row_kind" in results:
         source = str(run_dir / "results.json")
     return None if source is None else (NPAIR.name, source)
