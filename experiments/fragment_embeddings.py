@@ -47,7 +47,7 @@ from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.systems.fragments.export import export_fragment_model
 from tf_twobranch.systems.fragments.losses import GLOBAL_SCORES, MIL_ZERO_SCORES
-from tf_twobranch.systems.fragments.model import build_fragment_model, save_fragment_config
+from tf_twobranch.systems.fragments.model import build_fragment_model
 from tf_twobranch.systems.fragments import pipeline
 from tf_twobranch.systems.fragments.pipeline import FragmentRecipe
 from tf_twobranch.systems.fragments import sampling as fragment_batches
@@ -244,8 +244,8 @@ def run_recipe(r: FragmentRecipe, typed: dict | None = None, flagfile: str | Non
 
         trainer.prepare_run_dir(stage_dir, {"model": config.to_dict(), "train": tcfg.__dict__, **saved,
                                             "stage": stage, "task": "fragment_embeddings"})
-        save_fragment_config(stage_dir / "fragment_config.json", config, relations=text.relations,
-                             words=text.word_vectors.words, stage=stage)
+        model.save_config(stage_dir / config.FILE_NAME, relations=text.relations,
+                          words=text.word_vectors.words, stage=stage)
         stage_start = time.time()
         history = trainer.train(model, dataset, tcfg, stage_dir, steps_per_epoch=steps, initial_epoch=first,
                                 epochs=end)

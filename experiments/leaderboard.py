@@ -29,7 +29,8 @@ import time
 from absl import app, flags, logging
 
 from experiments import common
-from tf_twobranch import leaderboard as lb, memory
+from tf_twobranch import leaderboard as lb, memory, systems
+from tf_twobranch.systems.registry import LeaderboardLine, LeaderboardRun
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
 
@@ -41,7 +42,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("dataset_dir", "", "Dataset folder every system reads; empty: the embedded data.", **d)
     flags.DEFINE_integer("seeds", 3, "Seeds per system (0 .. N-1); every cell is mean ± std over them.",
                          lower_bound=1, **d)
-    flags.DEFINE_list("systems", list(lb.SYSTEM_KEYS), f"Systems to run, of {', '.join(lb.SYSTEM_KEYS)}.", **d)
+    keys = lb.line_keys()
+    flags.DEFINE_list("systems", list(keys), f"Leaderboard lines to run, of {', '.join(keys)} (every "
+                      "registered system's lines).", **d)
     flags.DEFINE_bool("grounding", True, "Also run the two-branch region–phrase grounding runs.", **d)
     flags.DEFINE_bool("skip_existing", True, "Reuse a finished run made with the same flags instead of "
                       "training it again (--noskip_existing retrains).", **d)
@@ -65,14 +68,19 @@ def dataset_tag(dataset_dir: str) -> str:
     return f"{common.slug(pathlib.Path(path).name)}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
 
 
+def experiment_of(run: LeaderboardRun) -> str:
+    """The module (``define_flags``, ``run``) of the experiment that trains `run`: its task's."""
+    return systems.tasks()[run.task].experiment
+
+
 def _row_flags(values, system_key: str, experiment: str, defined) -> list[str]:
     out = []
     for value in values:
         target, sep, flag = value.partition(":")
         if not sep or not flag.startswith("--"):
             raise UserInputError(f"--row_flag={value!r}: expected TARGET:--flag=value")
-        if target not in ("*", experiment, *lb.SYSTEM_KEYS, *(r.experiment for s in lb.SYSTEMS for r in
-                                                            (s.retrieval, s.grounding) if r)):
+        experiments = {experiment_of(r).rsplit(".", 1)[-1] for s in lb.lines() for r in (s.retrieval, s.grounding) if r}
+        if target not in ("*", experiment, *lb.line_keys(), *experiments):
             raise UserInputError(f"--row_flag={value!r}: unknown target {target!r} (a system key, an "
                                  "experiment name or '*')")
         name = flag[2:].split("=", 1)[0]
@@ -82,15 +90,16 @@ def _row_flags(values, system_key: str, experiment: str, defined) -> list[str]:
     return out
 
 
-def arguments_of(key: str, run: lb.Run, seed: int, run_dir: pathlib.Path, f) -> list[str]:
-    """The flags a run of system (or sibling) `key` is trained with, and reused by."""
+def arguments_of(key: str, run: LeaderboardRun, seed: int, run_dir: pathlib.Path, f) -> list[str]:
+    """The flags a run of line (or sibling) `key` is trained with, and reused by."""
     defined = flags.FlagValues()
-    importlib.import_module(f"experiments.{run.experiment}").define_flags(defined)
-    extra = ["--verbose=0", *_row_flags(f.row_flag, key, run.experiment, defined)]
+    module = experiment_of(run)
+    importlib.import_module(module).define_flags(defined)
+    extra = ["--verbose=0", *_row_flags(f.row_flag, key, module.rsplit(".", 1)[-1], defined)]
     return lb.run_arguments(run, dataset_dir=f.dataset_dir, seed=seed, run_dir=run_dir, extra=extra)
 
 
-def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f) -> dict:
+def run_one(system: LeaderboardLine, run: LeaderboardRun, seed: int, run_dir: pathlib.Path, f) -> dict:
     """One run of a system: reused when finished with the same flags, else trained; a dataset
     the run cannot use gives {"error": reason}."""
     arguments = arguments_of(system.key, run, seed, run_dir, f)
@@ -105,7 +114,7 @@ def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f)
     print(f"  {run.flagfile} (seed {seed}): training -> {run_dir}", flush=True)
     try:
         record, cost, peak_gb = memory.call_in_fresh_process(
-            train_row, run.experiment, str(common.resolve_config(run.flagfile)), arguments)
+            train_row, experiment_of(run), str(common.resolve_config(run.flagfile)), arguments)
     except UserInputError as err:
         logging.warning("%s: %s", run.flagfile, err)
         print(f"    not available: {err}", flush=True)
@@ -118,7 +127,7 @@ def run_one(system: lb.System, run: lb.Run, seed: int, run_dir: pathlib.Path, f)
 def train_row(experiment: str, flagfile: str, arguments) -> tuple[dict, "lb.RowCost", float]:
     """One run, in the fresh process `run_one` starts for it (so the leaderboard's memory is one
     run's, not the sum of all): (its record, its cost, the process's peak RSS in GB)."""
-    module = importlib.import_module(f"experiments.{experiment}")
+    module = importlib.import_module(experiment)
     fv = common.parse_flagfile(module.define_flags, flagfile, arguments)
     with lb.measure_row() as cost:
         record = module.run(fv)
@@ -160,7 +169,7 @@ def planned_runs(f, base: pathlib.Path) -> list[tuple]:
     """(system key or sibling key, run, seed, run folder) of every run this invocation needs."""
     seeds = range(f.seeds)
     planned = []
-    for system in lb.SYSTEMS:
+    for system in lb.lines():
         if system.key in f.systems:
             for seed in seeds:
                 folder = base / f"seed{seed}" / system.key
@@ -196,9 +205,9 @@ def print_estimate(f, base: pathlib.Path) -> None:
 
 def run_leaderboard(f) -> dict:
     """Runs (or reuses) every selected system for every seed; returns the leaderboard and its files."""
-    unknown = sorted(set(f.systems) - set(lb.SYSTEM_KEYS))
+    unknown = sorted(set(f.systems) - set(lb.line_keys()))
     if unknown:
-        raise UserInputError(f"--systems: unknown {unknown}; choose from {', '.join(lb.SYSTEM_KEYS)}")
+        raise UserInputError(f"--systems: unknown {unknown}; choose from {', '.join(lb.line_keys())}")
     if f.dataset_dir and not pathlib.Path(f.dataset_dir).is_dir():
         raise UserInputError(f"--dataset_dir={f.dataset_dir}: dataset folder does not exist")
     start = time.time()
@@ -207,7 +216,7 @@ def run_leaderboard(f) -> dict:
     seeds = list(range(f.seeds))
     print_estimate(f, base)
     system_runs: dict[str, list[dict]] = {}
-    for system in lb.SYSTEMS:
+    for system in lb.lines():
         if system.key not in f.systems:
             continue
         print(f"=== {system.name}", flush=True)
@@ -223,7 +232,7 @@ def run_leaderboard(f) -> dict:
     for key in (lb.siblings_needed(f.systems) if f.orderings else []):
         run = lb.SIBLINGS[key]
         print(f"=== ordering sibling {key} ({run.flagfile})", flush=True)
-        sibling = lb.System(key, key, "sibling", run, no_grounding="sibling")
+        sibling = LeaderboardLine(key, key, "sibling", run, no_grounding="sibling")
         sibling_runs[key] = [{"retrieval": run_one(sibling, run, seed, base / f"seed{seed}" / "siblings" / key, f)}
                              for seed in seeds]
     board = lb.assemble(system_runs)
@@ -236,7 +245,7 @@ def run_leaderboard(f) -> dict:
     if board["orderings"]:
         table += "\n\n" + lb.format_orderings(board["orderings"])
     meta = {"dataset": dataset, "seeds": seeds, "seconds": time.time() - start,
-            "systems": [s.key for s in lb.SYSTEMS if s.key in f.systems],
+            "systems": [s.key for s in lb.lines() if s.key in f.systems],
             "typed_flags": common.typed_flags(f)}
     out_dir = pathlib.Path(f.out_dir) if f.out_dir else base
     files = lb.write_outputs(out_dir, board, table, meta)

@@ -44,7 +44,7 @@ from tf_twobranch.evaluation import pointing_game, retrieval
 from tf_twobranch.systems.npair import heat_maps as localization_maps, pipeline as npair, sampling as npair_batches
 from tf_twobranch.systems.npair.features import phrase_parsed_captions, split_images
 from tf_twobranch.systems.npair.losses import DEFAULT_TEMPERATURE
-from tf_twobranch.systems.npair.model import build_npair_model, save_npair_config
+from tf_twobranch.systems.npair.model import build_npair_model
 from tf_twobranch.systems.npair.pipeline import NPairRecipe
 from tf_twobranch.training import trainer
 
@@ -191,7 +191,7 @@ def _train(recipe: NPairRecipe, typed: dict, data: npair.NPairData, model, confi
 
     trainer.prepare_run_dir(run_dir, {"model": config.to_dict(), "train": tcfg.__dict__, "typed_flags": typed,
                                       "recipe": recipe.to_dict(), "task": "npair_localization"})
-    save_npair_config(run_dir / config.FILE_NAME, config, vocabulary=text.vocabulary)
+    model.save_config(run_dir / config.FILE_NAME, vocabulary=text.vocabulary)
     trained = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps, epochs=recipe.epochs)
     return {k: [float(x) for x in v] for k, v in trained.history.items()}
 
@@ -249,7 +249,7 @@ def run_recipe(recipe: NPairRecipe, typed: dict | None = None, flagfile: str | N
         record["history"] = _train(recipe, typed, data, model, config, strategy, run_dir)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_npair_config(run_dir / config.FILE_NAME, config, vocabulary=text.vocabulary)
+        model.save_config(run_dir / config.FILE_NAME, vocabulary=text.vocabulary)
         model.save_weights(run_dir / "untrained.weights.h5")
     protocols = list(dict.fromkeys([recipe.protocol] + (["folds_100"] if evaluation.num_images >= 100 else [])))
     # The model's evaluate: the split's maps and token vectors are written once to a temporary

@@ -10,7 +10,7 @@ from tf_twobranch.systems.dual_path import losses
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.systems.dual_path.model import (DualPathConfig, build_dual_path_model, build_text_cnn,
-                                           load_dual_path_model, save_dual_path_config,
+                                           load_dual_path_model,
                                            text_feature_length, text_receptive_field)
 
 VOCAB, CLASSES, LEN = 50, 6, 12
@@ -227,7 +227,7 @@ def test_save_load_round_trip_and_flip_average(tmp_path):
     model.train_on_batch(tiny_batch())
     weights, config_path = tmp_path / "m.weights.h5", tmp_path / "config.json"
     model.save_weights(weights)
-    save_dual_path_config(config_path, cfg, epoch=1)
+    model.save_config(config_path, epoch=1)
     loaded = load_dual_path_model(config_path, weights)
     assert loaded.config == cfg
     data = tiny_batch(n=5, seed=3)

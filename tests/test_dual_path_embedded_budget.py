@@ -23,7 +23,7 @@ MIN_STAGE1_STEPS = 4000
 
 
 def _leaderboard_epochs() -> dict[str, int]:
-    system = next(s for s in lb.SYSTEMS if s.key == "dual_path")
+    system = next(s for s in lb.lines() if s.key == "dual_path")
     flags = dict(f.lstrip("-").split("=", 1) for f in system.retrieval.flags if "epochs" in f)
     return {k: int(v) for k, v in flags.items()}
 

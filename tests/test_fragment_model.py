@@ -7,9 +7,8 @@ from tf_twobranch.evaluation import retrieval
 from tf_twobranch.systems.fragments.retrieval import (distinct_rows, evaluate_fragment_retrieval,
                                                         fragment_score_fn)
 from tf_twobranch.systems.fragments.losses import global_scores
-from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig,
-                                                    build_fragment_model, load_fragment_config,
-                                                    save_fragment_config)
+from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig, FragmentEmbeddingModel,
+                                                    build_fragment_model)
 
 CONFIG = dict(image_dim=7, num_relations=3, vocabulary_size=11, word_dim=4, embed_dim=5,
               global_margin=0.1)
@@ -57,9 +56,9 @@ def test_training_lowers_the_objective_and_mil_can_be_switched_on(tmp_path):
                      shuffle=False).history
     assert np.isfinite(logs["fragment_objective"][0])
     # Weights and configuration round-trip.
-    save_fragment_config(tmp_path / "config.json", model.config, relations=["a", "b", "c"])
+    model.save_config(tmp_path / "config.json", relations=["a", "b", "c"])
     model.save_weights(tmp_path / "w.weights.h5")
-    config, extra = load_fragment_config(tmp_path / "config.json")
+    config, extra = FragmentEmbeddingModel.load_config(tmp_path / "config.json")
     again = build_fragment_model(config)
     again.load_weights(tmp_path / "w.weights.h5")
     assert extra["relations"] == ["a", "b", "c"]

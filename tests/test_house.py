@@ -91,3 +91,35 @@ def test_system_objects_import_no_tensorflow(name):
     code = (f"import sys, tf_twobranch.systems.{name}.system, tf_twobranch.run_folders; "
             "sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT).returncode == 0
+
+
+def _defined_methods(name: str) -> list[str]:
+    """The modules of the package that define a method `name` on a class."""
+    out = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                out += [f"{module}.{node.name}" for item in node.body
+                        if isinstance(item, ast.FunctionDef) and item.name == name]
+    return out
+
+
+@pytest.mark.parametrize("method", ["train_step", "test_step", "evaluate"])
+def test_training_step_and_evaluate_are_written_once(method):
+    assert _defined_methods(method) == [f"tf_twobranch.models.base.SystemModel"]
+
+
+def test_every_system_model_subclasses_the_base_and_saves_its_config_through_it(tmp_path):
+    from tf_twobranch.models.base import SystemModel
+    from tf_twobranch.systems.dual_path.model import DualPathModel
+    from tf_twobranch.systems.fragments.model import FragmentEmbeddingModel
+    from tf_twobranch.systems.npair.model import NPairLocalizationModel
+    from tf_twobranch.systems.two_branch.model import TwoBranchModel
+    for model_class in (TwoBranchModel, DualPathModel, FragmentEmbeddingModel, NPairLocalizationModel):
+        assert issubclass(model_class, SystemModel)
+        assert model_class.CONFIG_CLASS is not SystemModel.CONFIG_CLASS, model_class
+        assert "loss" in model_class.LOGGED_TERMS
+    wrappers = [m for m in MODULES if any(f"def {verb}_{kind}config(" in MODULES[m].read_text(encoding="utf-8")
+                                          for verb in ("save", "load") for kind in ("", "fragment_", "npair_",
+                                                                                    "dual_path_"))]
+    assert wrappers == ["tf_twobranch.models.base"], wrappers

@@ -73,7 +73,7 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     _, result, dataset = tiny
     board, table = result["board"], result["table"]
     rows = {r["key"]: r for r in board["rows"]}
-    assert list(rows) == list(lb.SYSTEM_KEYS)
+    assert list(rows) == list(lb.line_keys())
     for key, row in rows.items():
         assert "unavailable" not in row, (key, row.get("unavailable"))
         assert row["cells"]["rsum"] is not None and row["name"] in table
@@ -83,7 +83,7 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     assert board["split"]["num_test_images"] == 15
     # Grounding: every localizing system has a pointing cell, on the same phrases (one phrase
     # fingerprint: every Entities test phrase with a box); the box rankers also have box R@1.
-    localizers = [s.key for s in lb.SYSTEMS if s.localizes]
+    localizers = [s.key for s in lb.lines() if s.localizes]
     assert localizers == ["cca", "embedding", "similarity", "fragments", "npair"]
     for key in localizers:
         assert rows[key]["cells"]["pointing"] is not None, (key, rows[key].get("grounding_unavailable"))
@@ -102,9 +102,9 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     # Files.
     files = result["files"]
     saved = json.loads(open(files["json"], encoding="utf-8").read())
-    assert {r["key"] for r in saved["rows"]} == set(lb.SYSTEM_KEYS)
+    assert {r["key"] for r in saved["rows"]} == set(lb.line_keys())
     csv_lines = open(files["csv"], encoding="utf-8").read().splitlines()
-    assert len(csv_lines) == 1 + len(lb.SYSTEM_KEYS) and "test_split_fingerprint" in csv_lines[0]
+    assert len(csv_lines) == 1 + len(lb.line_keys()) and "test_split_fingerprint" in csv_lines[0]
     with open(files["png"], "rb") as png:
         assert png.read(8) == b"\x89PNG\r\n\x1a\n"
     assert lb.GROUNDING_RULE in table and "protocol full" in table
@@ -219,7 +219,7 @@ def test_grounding_on_other_phrases_is_listed_apart_and_the_rule_is_stated():
     # A record without a grounding summary (an older run) says so; a system that cannot localize says why.
     assert rows["similarity"]["cells"]["box_r1"] is None and "no grounding summary" in rows["similarity"][
         "grounding_unavailable"]
-    assert rows["dual_path"]["grounding_unavailable"] == next(s for s in lb.SYSTEMS if s.key == "dual_path").no_grounding
+    assert rows["dual_path"]["grounding_unavailable"] == next(s for s in lb.lines() if s.key == "dual_path").no_grounding
     table = lb.format_table(board, dataset="d", seeds=[0])
     assert lb.GROUNDING_RULE in table and "grounding phrases: 10 (phrase fingerprint sha256:p)" in table
     assert "NOT COMPARABLE (grounding on other phrases, not in the table): N-pair" in table
@@ -273,7 +273,7 @@ def test_orderings_are_paired_by_seed_and_judged_against_the_spread():
 
 
 def test_siblings_are_run_only_for_the_selected_systems():
-    assert lb.siblings_needed(lb.SYSTEM_KEYS) == ["b5", "fragment_global", "triplet", "centre",
+    assert lb.siblings_needed(lb.line_keys()) == ["b5", "fragment_global", "triplet", "centre",
                                                    "channel_mean"]
     assert lb.siblings_needed(["cca", "embedding"]) == ["b5"]
     assert lb.siblings_needed(["random", "dual_path"]) == []
@@ -303,7 +303,7 @@ def test_every_leaderboard_run_keeps_its_experiments_schedule():
     # The leaderboard's budget is each experiment's embedded profile: at 60 + 15 epochs (the
     # shortening it had) the dual path's Stage I had not converged and Stage II > Stage I stayed
     # within the seed spread (+19.6 +- 10.2).
-    runs = [r for s in lb.SYSTEMS for r in (s.retrieval, s.grounding) if r] + list(lb.SIBLINGS.values())
+    runs = [r for s in lb.lines() for r in (s.retrieval, s.grounding) if r] + list(lb.SIBLINGS.values())
     assert not [f for r in runs for f in r.flags if "epochs" in f]
 
 

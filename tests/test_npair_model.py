@@ -10,8 +10,8 @@ from tf_twobranch.evaluation.pointing_game import PointingQuery
 from tf_twobranch.features.backbones import build_spatial_backbone
 from tf_twobranch.systems.npair.features import encode_token_lists
 from tf_twobranch.systems.npair import heat_map_volume as volume
-from tf_twobranch.systems.npair.model import (NPairLocalizationConfig, build_npair_model,
-                                                    load_npair_config, save_npair_config)
+from tf_twobranch.systems.npair.model import (NPairLocalizationConfig, NPairLocalizationModel,
+                                              build_npair_model)
 
 VOCAB = ["<pad>", "<unk>", "<start>", "<end>", "a", "red", "seven", "blue", "two", "left"]
 
@@ -61,8 +61,8 @@ def test_config_and_weights_round_trip(tmp_path):
     config = tiny_config(aggregator="max_text", normalisation="map")
     model = build_npair_model(config, np.random.default_rng(0).normal(size=(len(VOCAB), 6)))
     model.save_weights(tmp_path / "m.weights.h5")
-    save_npair_config(tmp_path / "config.json", config, vocabulary=VOCAB)
-    loaded_config, extra = load_npair_config(tmp_path / "config.json")
+    model.save_config(tmp_path / "config.json", vocabulary=VOCAB)
+    loaded_config, extra = NPairLocalizationModel.load_config(tmp_path / "config.json")
     assert loaded_config == config and extra["vocabulary"] == VOCAB
     loaded = build_npair_model(loaded_config)
     loaded.load_weights(tmp_path / "m.weights.h5")

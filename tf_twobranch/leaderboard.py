@@ -1,15 +1,15 @@
-"""The leaderboard of the four families on one dataset, one test split and one protocol.
+"""The leaderboard of every registered system on one dataset, one test split and one protocol.
 
-`experiments/leaderboard.py` runs the systems below through their
-experiments' public entry (`define_flags`, `run`) and hands their results
-records here. This module holds what is not an experiment: which rows make
-the leaderboard (`SYSTEMS`), what a row costs (`measure_row`: parameters,
-time in training and in evaluation), reusing a finished run
+`experiments/leaderboard.py` runs the lines below through their experiments'
+public entry (`define_flags`, `run`) and hands their results records here.
+This module holds what is not an experiment: which rows make the leaderboard
+(`lines`: every registered system's `System.leaderboard`, so a system that
+registers is compared with no change here), what a row costs (`measure_row`:
+parameters, time in training and in evaluation), reusing a finished run
 (`finished_run`), the comparability checks (rows are put in one table only
-when their protocol and test-split fingerprint agree; grounding cells only when
-their phrase fingerprint agrees), mean ± std over
-seeds, the table, and the JSON / CSV / PNG files. It defines no flags and
-imports no experiment.
+when their protocol and test-split fingerprint agree; grounding cells only
+when their phrase fingerprint agrees), mean ± std over seeds, the table, and
+the JSON / CSV / PNG files. It defines no flags and imports no experiment.
 
 Every metric comes from the records, i.e. from the one evaluation core
 (`tf_twobranch/evaluation/`): retrieval R@K and median rank
@@ -29,7 +29,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from tf_twobranch import json_files
+from tf_twobranch import json_files, systems
+from tf_twobranch.systems.registry import LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun
 
 RETRIEVAL_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "rsum")
 GROUNDING_KEYS = ("pointing", "box_r1")
@@ -55,81 +56,26 @@ CENTRE_NAME = "Centre of the image (baseline)"
 MARKER = "leaderboard_row.json"
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One experiment row the leaderboard trains: `experiment` (a module of experiments/),
-    its flagfile and the flags added to it. On the embedded data every run keeps its experiment's
-    embedded profile (the dual path's 100 + 20 epochs included: its 60 + 15 left Stage I unconverged)."""
-    experiment: str
-    flagfile: str
-    flags: tuple[str, ...] = ()
+def lines() -> tuple[LeaderboardLine, ...]:
+    """The leaderboard's lines: every registered system's (`System.leaderboard`), by position."""
+    return systems.leaderboard_lines()
 
 
-@dataclasses.dataclass(frozen=True)
-class System:
-    """A leaderboard line: its retrieval run and, for systems that localize phrases, the
-    run whose record gives the grounding (None: the retrieval run's record gives it, or, with
-    `no_grounding` saying why, the system cannot localize)."""
-    key: str
-    name: str
-    family: str
-    retrieval: Run
-    grounding: Run | None = None
-    no_grounding: str = ""
-
-    @property
-    def localizes(self) -> bool:
-        return self.grounding is not None or not self.no_grounding
-
-    def grounding_source(self, entry: dict) -> dict | None:
-        """The run (of one seed's `entry`) whose record holds this system's grounding."""
-        if not self.localizes:
-            return None
-        return entry.get("grounding") if self.grounding is not None else entry.get("retrieval")
-
-
-# Every retrieval run is scored on the dataset's test split under protocol "full" (one gallery
-# of every test image, every caption a query): the protocol each family's experiment can
-# evaluate on any test split (fragment rows: full|first_caption; N-pair: its Table 1 default
-# folds_100 is replaced). Exports are skipped (not part of the comparison). The region runs are
-# evaluated on every test image (their embedded profile keeps 200): the grounding of every
-# localizer is over the same phrases (checked by their fingerprint in `assemble`).
-_COMMON = ("--protocol=full", "--noexport")
-_REGION = ("--noexport", "--max_test_images=0")
-SYSTEMS: tuple[System, ...] = (
-    System("random", "Random ranking", "fragment embeddings (Karpathy Table 3)",
-           Run("fragment_embeddings", "karpathy_table3_random_ranking", _COMMON),
-           no_grounding="random scores rank captions only (no boxes, no heat maps)"),
-    System("cca", "CCA (FV HGLMM)", "two-branch baseline (TPAMI Tables 1-2)",
-           Run("image_sentence_retrieval", "table2_a1_cca_fv_hglmm", _COMMON),
-           Run("phrase_localization", "table1_a_cca", _REGION)),
-    System("embedding", "Two-branch embedding network (full model)", "two-branch (TPAMI Table 2 b6)",
-           Run("image_sentence_retrieval", "table2_b6_nonlinear_bidir_nbr_constraints", _COMMON),
-           Run("phrase_localization", "table1_b6_nonlinear_augm_pos_bidir_nbr_constraints", _REGION)),
-    System("similarity", "Two-branch similarity network", "two-branch (TPAMI Table 2 d)",
-           Run("image_sentence_retrieval", "table2_d_similarity", _COMMON),
-           Run("phrase_localization", "table1_c4_similarity_nonlinear_augm_pos", _REGION)),
-    System("dual_path", "Dual-path CNN, Stage II", "dual-path CNN (Zheng Table 1, ResNet-50 row)",
-           Run("instance_loss", "zheng_table1_resnet50_stage2", _COMMON),
-           no_grounding="global image and text vectors only: no regions, no heat maps"),
-    System("fragments", "Deep fragment embeddings († + MIL)", "fragment embeddings (Karpathy Table 3)",
-           Run("fragment_embeddings", "karpathy_table3_fragment_global_mil", _COMMON)),
-    System("npair", "N-pair phrase localization (word mode)", "N-pair localization (Das Table 2)",
-           Run("npair_localization", "das_table2_npair_word", (*_COMMON, "--row_metric=auto"))),
-)
-SYSTEM_KEYS = tuple(s.key for s in SYSTEMS)
+def line_keys() -> tuple[str, ...]:
+    return tuple(line.key for line in lines())
 
 
 # ---------------------------------------------------------------------------- paper orderings
 
 # The sibling rows the paper orderings below need beside the leaderboard's systems (same
 # protocol and split; the N-pair rows grounded on the same phrases).
-SIBLINGS: dict[str, Run] = {
-    "b5": Run("image_sentence_retrieval", "table2_b5_nonlinear_bidir_nbr_sampling", _COMMON),
-    "fragment_global": Run("fragment_embeddings", "karpathy_table3_fragment_global", _COMMON),
-    "triplet": Run("npair_localization", "das_table2_triplet", (*_COMMON, "--row_metric=auto")),
-    "centre": Run("npair_localization", "das_table2_centre", _COMMON),
-    "channel_mean": Run("npair_localization", "das_table2_vgg_channel_mean", _COMMON),
+_COMMON = LEADERBOARD_RETRIEVAL_FLAGS
+SIBLINGS: dict[str, LeaderboardRun] = {
+    "b5": LeaderboardRun("image_sentence_retrieval", "table2_b5_nonlinear_bidir_nbr_sampling", _COMMON),
+    "fragment_global": LeaderboardRun("fragment_embeddings", "karpathy_table3_fragment_global", _COMMON),
+    "triplet": LeaderboardRun("npair_localization", "das_table2_triplet", (*_COMMON, "--row_metric=auto")),
+    "centre": LeaderboardRun("npair_localization", "das_table2_centre", _COMMON),
+    "channel_mean": LeaderboardRun("npair_localization", "das_table2_vgg_channel_mean", _COMMON),
 }
 
 
@@ -195,7 +141,7 @@ def siblings_needed(systems: Sequence[str]) -> list[str]:
 
 def _side_record(side: Side, entry: dict) -> dict | None:
     """The record of one seed's `entry` that holds `side`'s metric."""
-    system = next((s for s in SYSTEMS if s.key == side.source), None)
+    system = next((s for s in lines() if s.key == side.source), None)
     if side.metric in ("pointing", "box_r1") and system is not None:
         source = system.grounding_source(entry) or {}
     else:
@@ -298,7 +244,7 @@ FASTEST_FACTOR = 0.85
 ESTIMATE_SPREAD = 1.3
 
 
-def estimate_seconds(runs: Sequence[Run]) -> float:
+def estimate_seconds(runs: Sequence[LeaderboardRun]) -> float:
     """The expected wall time of training `runs` on this machine (embedded data)."""
     from tf_twobranch.speed import best_matmul_seconds
 
@@ -361,7 +307,7 @@ def measure_row() -> Iterator[RowCost]:
 # ---------------------------------------------------------------------------- runs
 
 
-def run_arguments(run: Run, *, dataset_dir: str, seed: int, run_dir: pathlib.Path,
+def run_arguments(run: LeaderboardRun, *, dataset_dir: str, seed: int, run_dir: pathlib.Path,
                   extra: Sequence[str] = ()) -> list[str]:
     """The flags added to a run's flagfile: the leaderboard's, the dataset, the seed, the run folder
     and the caller's `extra` (last, so they win)."""
@@ -481,7 +427,7 @@ def split_identity(record: dict) -> tuple:
     return (record.get("protocol"), record.get("test_split_fingerprint"))
 
 
-def _grounding_of(system: System, runs: list[dict]) -> tuple[list[dict], list[str]]:
+def _grounding_of(system: LeaderboardLine, runs: list[dict]) -> tuple[list[dict], list[str]]:
     """The grounding cells of a system's seeds (records with a grounding summary) and the reasons
     of those without one (a failed run, a dataset without Entities, ...)."""
     cells, reasons = [], []
@@ -514,7 +460,7 @@ def assemble(system_runs: dict[str, list[dict]]) -> dict:
     """
     identities: dict[tuple, int] = {}
     phrase_sets: dict[tuple, int] = {}
-    for system in SYSTEMS:
+    for system in lines():
         for entry in system_runs.get(system.key, []):
             rec = (entry.get("retrieval") or {}).get("record")
             if rec:
@@ -525,7 +471,7 @@ def assemble(system_runs: dict[str, list[dict]]) -> dict:
     reference = max(identities, key=identities.get) if identities else (None, None)
     reference_phrases = max(phrase_sets, key=phrase_sets.get) if phrase_sets else (None, None)
     rows, apart, grounding_apart = [], [], []
-    for system in SYSTEMS:
+    for system in lines():
         runs = system_runs.get(system.key)
         if runs is None:
             continue

@@ -18,8 +18,7 @@ import numpy as np
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.evaluation.split import EvaluationSplit
 
-__all__ = ["RETRIEVAL_KEYS", "OPTIONAL_KEYS", "as_evaluation_split", "reject_unused_arguments",
-           "keras_loss_evaluation"]
+__all__ = ["RETRIEVAL_KEYS", "OPTIONAL_KEYS", "as_evaluation_split", "reject_unused_arguments"]
 
 RETRIEVAL_KEYS = ("image", "text", "caption_image")
 OPTIONAL_KEYS = ("protocol", "caption_of_row", "image_class")
@@ -59,16 +58,3 @@ def reject_unused_arguments(kwargs: dict, model_name: str) -> None:
     if kwargs:
         raise UserInputError(f"{model_name}.evaluate() does not take {sorted(kwargs)} for a "
                              "retrieval split")
-
-
-def keras_loss_evaluation(model, x, y, kwargs: dict) -> dict | None:
-    """Every family's `evaluate` rule for what is not a test split: a `tf.data.Dataset` of
-    training-style batches gets Keras' own `evaluate` (the loss terms of `test_step`, as a
-    dict); otherwise None, after refusing Keras arguments that change nothing for a split."""
-    import keras
-    import tensorflow as tf
-    if isinstance(x, tf.data.Dataset):
-        kwargs.setdefault("return_dict", True)
-        return keras.Model.evaluate(model, x, y, **kwargs)
-    reject_unused_arguments(kwargs, type(model).__name__)
-    return None

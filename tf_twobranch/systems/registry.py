@@ -19,8 +19,9 @@ from typing import Any, Callable
 
 from tf_twobranch.errors import ConfigError
 
-__all__ = ["RunTask", "System", "register", "unregister", "get", "all_systems", "for_task", "for_model",
-           "tasks", "stage_file"]
+__all__ = ["RunTask", "LeaderboardRun", "LeaderboardLine", "System", "register", "unregister", "get",
+           "all_systems", "for_task", "for_model", "tasks", "leaderboard_lines", "stage_file",
+           "LEADERBOARD_RETRIEVAL_FLAGS", "LEADERBOARD_REGION_FLAGS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,48 @@ class RunTask:
     draw_tool: str | None   # the module that draws its pictures, if any
 
 
+# Every leaderboard retrieval run is scored on the dataset's test split under protocol "full" (one
+# gallery of every test image, every caption a query): the protocol each system's experiment can
+# evaluate on any test split. Exports are skipped (not part of the comparison). The region runs
+# are evaluated on every test image, so that every localizer is grounded on the same phrases.
+LEADERBOARD_RETRIEVAL_FLAGS = ("--protocol=full", "--noexport")
+LEADERBOARD_REGION_FLAGS = ("--noexport", "--max_test_images=0")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderboardRun:
+    """One run the leaderboard trains: a flagfile (a name in experiments/configs/ or a path) of the
+    experiment of `task` (`RunTask.experiment`: its ``define_flags`` and ``run``), and the flags
+    added to it. On the embedded data a run keeps its experiment's embedded profile."""
+    task: str
+    flagfile: str
+    flags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderboardLine:
+    """A line of the leaderboard: its retrieval run and, for lines that localize phrases, the run
+    whose record gives the grounding (None: the retrieval run's record gives it, or, with
+    `no_grounding` saying why, the line cannot localize). Lines are shown by `position`."""
+    key: str
+    name: str
+    family: str
+    retrieval: LeaderboardRun
+    grounding: LeaderboardRun | None = None
+    no_grounding: str = ""
+    position: int = 100
+
+    @property
+    def localizes(self) -> bool:
+        return self.grounding is not None or not self.no_grounding
+
+    def grounding_source(self, entry: dict) -> dict | None:
+        """The run (of one seed's `entry`) whose record holds this line's grounding."""
+        if not self.localizes:
+            return None
+        return entry.get("grounding") if self.grounding is not None else entry.get("retrieval")
+
+
 @dataclasses.dataclass(frozen=True)
 class System:
     """One paper system: its name, its kinds of run, and what the apps call on its runs.
@@ -41,6 +84,7 @@ class System:
     `gallery(model, split, image_ids, caption_ids) -> RetrievalGallery`: the retrieval gallery
     its model embeds, as its ``evaluate`` embeds `split`.
     `recognise`: the task of an older folder (no recorded task) from the files only this system's runs write.
+    `leaderboard`: its lines in the leaderboard (`experiments.leaderboard`).
     """
     name: str
     paper: str
@@ -52,6 +96,7 @@ class System:
     # (run_dir, results.json, run_config.json) -> (its task, the file that says so), for folders
     # written before the task was recorded.
     recognise: Callable[[pathlib.Path, dict, dict], tuple[str, str] | None] = lambda run_dir, results, config: None
+    leaderboard: tuple[LeaderboardLine, ...] = ()
 
 
 _SYSTEMS: dict[str, System] = {}
@@ -72,6 +117,15 @@ def register(system: System) -> System:
     for task in system.tasks:
         if task.name in known:
             raise ConfigError(f"system {system.name!r}: task {task.name!r} belongs to another system")
+    lines = {line.key for line in leaderboard_lines()}
+    own = {t.name for t in system.tasks}
+    for line in system.leaderboard:
+        if line.key in lines:
+            raise ConfigError(f"system {system.name!r}: leaderboard line {line.key!r} belongs to another system")
+        for run in (line.retrieval, line.grounding):
+            if run is not None and run.task not in own:
+                raise ConfigError(f"system {system.name!r}: leaderboard line {line.key!r} runs task "
+                                  f"{run.task!r}, not one of its own {sorted(own)}")
     _SYSTEMS[system.name] = system
     return system
 
@@ -114,3 +168,9 @@ def for_model(model) -> System:
         if system.model_family == family:
             return system
     raise ConfigError(f"{type(model).__name__}: not a model of a registered system (family {family!r})")
+
+
+def leaderboard_lines() -> tuple[LeaderboardLine, ...]:
+    """Every registered system's leaderboard lines, by `position` (then registration order)."""
+    lines = [line for system in _SYSTEMS.values() for line in system.leaderboard]
+    return tuple(sorted(lines, key=lambda line: line.position))

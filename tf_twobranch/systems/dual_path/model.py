@@ -89,20 +89,19 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch import distribute
-from tf_twobranch.batching import in_batches, unpack_batch
+from tf_twobranch.batching import in_batches
 from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.systems.dual_path import losses
-from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
-from tf_twobranch.models.evaluation_input import as_evaluation_split, keras_loss_evaluation
+from tf_twobranch.models.base import ModelConfig, SystemModel
+from tf_twobranch.models.evaluation_input import as_evaluation_split
 from tf_twobranch.vectors import l2_normalize_rows
 
 __all__ = ["DualPathConfig", "DualPathModel", "PaddingMaskedEmbedding", "build_image_cnn",
            "build_text_cnn", "build_dual_path_model", "text_stage_specs",
-           "text_receptive_field", "text_feature_length", "save_dual_path_config",
-           "load_dual_path_config", "load_dual_path_model", "retrieval_metrics"]
+           "text_receptive_field", "text_feature_length", "load_dual_path_model", "retrieval_metrics"]
 
 IMAGE_BACKBONES = ("resnet50", "vgg19", "vgg16", "resnet152", "scene_cnn")
 LAYOUTS = ("paper", "reference")
@@ -381,7 +380,7 @@ def build_image_cnn(config: DualPathConfig) -> keras.Model:
 
 # --- the model -----------------------------------------------------------------
 
-class DualPathModel(keras.Model):
+class DualPathModel(SystemModel):
     """Image CNN + text CNN + shared classifier W_share, with its own loss.
 
     Batches for `fit` are dicts: ``image`` float32 (B, S, S, 3) RGB 0..255,
@@ -391,19 +390,18 @@ class DualPathModel(keras.Model):
     image anchors; ``negative_label`` (N,) optionally masks same-group ones).
     """
 
+    CONFIG_CLASS = DualPathConfig
+    LOGGED_TERMS = ("loss", "rank_loss", "image_instance_loss", "text_instance_loss")
+    EVALUATION_OPTIONS = ("batch_size", "flip_average", "ks")
+
     def __init__(self, config: DualPathConfig, word_vectors: np.ndarray | None = None, **kwargs):
-        super().__init__(name=kwargs.pop("name", "dual_path"), **kwargs)
-        self.config = config
+        super().__init__(config, name=kwargs.pop("name", "dual_path"), **kwargs)
         self.image_tower = build_image_cnn(config)
         self.text_tower = build_text_cnn(config, word_vectors)
         self.classifier = keras.layers.Dense(config.num_classes, use_bias=config.classifier_use_bias,
                                              name="w_share")
         self.image_dropout = keras.layers.Dropout(config.dropout, name="image_dropout")
         self.text_dropout = keras.layers.Dropout(config.dropout, name="text_dropout")
-        self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.rank_tracker = keras.metrics.Mean(name="rank_loss")
-        self.image_instance_tracker = keras.metrics.Mean(name="image_instance_loss")
-        self.text_instance_tracker = keras.metrics.Mean(name="text_instance_loss")
         self.image_accuracy = keras.metrics.SparseCategoricalAccuracy(name="image_accuracy")
         self.text_accuracy = keras.metrics.SparseCategoricalAccuracy(name="text_accuracy")
         self._embed_fns = {}
@@ -507,35 +505,17 @@ class DualPathModel(keras.Model):
                 "text_instance_loss": text_instance, "labels": labels,
                 "image_logits": out["image_logits"], "text_logits": out["text_logits"]}
 
-    def _update_metrics(self, terms: dict) -> dict:
+    def update_metrics(self, terms: dict) -> dict:
         # Each replica holds its share (sum/global count); Mean metrics average
         # over replicas, so scaling by the replica count logs the global value.
         replicas = float(distribute.num_replicas())
-        for tracker, key in ((self.loss_tracker, "loss"), (self.rank_tracker, "rank_loss"),
-                             (self.image_instance_tracker, "image_instance_loss"),
-                             (self.text_instance_tracker, "text_instance_loss")):
-            tracker.update_state(terms[key] * replicas)
         self.image_accuracy.update_state(terms["labels"], terms["image_logits"])
         self.text_accuracy.update_state(terms["labels"], terms["text_logits"])
-        return {m.name: m.result() for m in self.metrics}
-
-    def train_step(self, data):
-        batch = unpack_batch(data)
-        with tf.GradientTape() as tape:
-            terms = self.objective(batch, training=True)
-            scaled = self.optimizer.scale_loss(terms["loss"])
-        variables = self.trainable_variables
-        grads = tape.gradient(scaled, variables)
-        self.optimizer.apply(grads, variables)
-        return self._update_metrics(terms)
-
-    def test_step(self, data):
-        return self._update_metrics(self.objective(unpack_batch(data), training=False))
+        return super().update_metrics({key: terms[key] * replicas for key in self.LOGGED_TERMS})
 
     @property
     def metrics(self):
-        return [self.loss_tracker, self.rank_tracker, self.image_instance_tracker,
-                self.text_instance_tracker, self.image_accuracy, self.text_accuracy]
+        return super().metrics + [self.image_accuracy, self.text_accuracy]
 
     # --- embedding and evaluation -----------------------------------------------------
     def embed_images(self, images, flip_average: bool = True, batch_size: int = 32) -> np.ndarray:
@@ -616,9 +596,8 @@ class DualPathModel(keras.Model):
                                  "pass caption_of_row when captions have several rows")
         return image_embeds, l2_normalize_rows(text_embeds)
 
-    def evaluate(self, x=None, y=None, *, protocol: str | None = None, batch_size: int = 32,
-                 flip_average: bool = True, ks: Sequence[int] = retrieval.DEFAULT_KS,
-                 **kwargs) -> dict:
+    def evaluate_split(self, x, protocol: str | None = None, *, batch_size: int = 32,
+                       flip_average: bool = True, ks: Sequence[int] = retrieval.DEFAULT_KS) -> dict:
         """Image↔text retrieval metrics (cosine) from the one evaluation core.
 
         `x` is an `EvaluationSplit` (e.g. `load_run(...).evaluation_split()`),
@@ -628,14 +607,8 @@ class DualPathModel(keras.Model):
         (`models.evaluation_input`); optionally ``caption_of_row`` (see
         `retrieval_embeddings`) and ``image_class`` (CUHK-PEDES: a caption's
         positives are all images of its identity; text→image metrics only).
-        `protocol` defaults to the split's, else "full". Given a
-        `tf.data.Dataset` of training-style batches (as `fit` passes
-        validation data), this is Keras' `evaluate`: the loss terms of
-        `test_step`.
+        `protocol` defaults to the split's, else "full".
         """
-        loss_terms = keras_loss_evaluation(self, x, y, kwargs)
-        if loss_terms is not None:
-            return loss_terms
         split = as_evaluation_split(x, protocol)
         image_embeds, text_embeds = self.retrieval_embeddings(split, batch_size=batch_size,
                                                               flip_average=flip_average)
@@ -681,19 +654,9 @@ def build_dual_path_model(config: DualPathConfig | dict,
     return DualPathModel(config, word_vectors).build_all()
 
 
-def save_dual_path_config(path, config: DualPathConfig, **extra) -> None:
-    """Writes ``{"model": config, **extra}`` next to the weights (`models.base`)."""
-    save_model_config(path, config, **extra)
-
-
-def load_dual_path_config(path) -> DualPathConfig:
-    """Reads a config written by `save_dual_path_config`."""
-    return load_model_config(path, DualPathConfig)[0]
-
-
 def load_dual_path_model(config_path, weights_path) -> DualPathModel:
     """Rebuilds a model from its JSON config and loads its ``.weights.h5`` file."""
-    config = load_dual_path_config(config_path)
+    config, _ = DualPathModel.load_config(config_path)
     # Every weight, the backbone's included, comes from the weights file.
     if config.image_backbone != "scene_cnn":  # its .keras file also holds the architecture
         config.image_weights = None

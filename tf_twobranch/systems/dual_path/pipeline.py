@@ -33,8 +33,7 @@ from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.scene_cnn import save_scene_cnn, train_scene_cnn
 from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.figures.titles import dual_path_stage_title
-from tf_twobranch.systems.dual_path.model import (DualPathConfig, DualPathModel, retrieval_metrics,
-                                           save_dual_path_config)
+from tf_twobranch.systems.dual_path.model import DualPathConfig, DualPathModel, retrieval_metrics
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import RunRecipe, apply_profile, apply_smoke
 from tf_twobranch.systems.dual_path.run_split import dual_path_test_split, record_dual_path_split
@@ -417,8 +416,7 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
                       **run_record(r, typed), "stage": stage, "task": "dual_path",
                       "vocabulary": train.vocabulary}
         trainer.prepare_run_dir(stage_dir, run_config)
-        save_dual_path_config(stage_dir / "dual_path_config.json", config,
-                              vocabulary=train.vocabulary, stage=stage)
+        model.save_config(stage_dir / config.FILE_NAME, vocabulary=train.vocabulary, stage=stage)
         stage_start = time.time()
         history = trainer.train(model, dataset, tcfg, stage_dir, steps_per_epoch=steps)
         title = dual_path_stage_title(row_name, stage, r.image_backbone, r.image_weights)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pathlib
 
-from tf_twobranch.systems.registry import RunTask, System, stage_file
+from tf_twobranch.systems.registry import (LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun, RunTask,
+                                           System, stage_file)
 
 DUAL_PATH = RunTask("dual_path", "an instance-loss run (dual-path CNN, Zheng et al.)",
                     "experiments.instance_loss", None)
@@ -53,4 +54,9 @@ def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[s
 SYSTEM = System(
     name="dual_path", paper="Zheng, Zheng, Garrett, Yang, Xu, Shen: Dual-path convolutional image-text embeddings "
     "with instance loss (TOMM 2020)", model_family="dual_path", tasks=(DUAL_PATH,),
-    load=load, export=export, gallery=gallery, recognise=recognise)
+    load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
+        # The embedded profile's 100 + 20 epochs: at 60 + 15 Stage I had not converged.
+        LeaderboardLine("dual_path", "Dual-path CNN, Stage II", "dual-path CNN (Zheng Table 1, ResNet-50 row)",
+                        LeaderboardRun(DUAL_PATH.name, "zheng_table1_resnet50_stage2", LEADERBOARD_RETRIEVAL_FLAGS),
+                        no_grounding="global image and text vectors only: no regions, no heat maps",
+                        position=4),))

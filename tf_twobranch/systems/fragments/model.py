@@ -44,19 +44,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_twobranch.batching import unpack_batch
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.systems.fragments.retrieval import evaluate_fragment_retrieval
-from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
-from tf_twobranch.models.evaluation_input import as_evaluation_split, keras_loss_evaluation
+from tf_twobranch.models.base import ModelConfig, SystemModel
+from tf_twobranch.models.evaluation_input import as_evaluation_split
 from tf_twobranch.systems.fragments import losses as fragment_losses
 from tf_twobranch.systems.fragments.sampling import padded_sentence_arrays
 
 REPRESENTATIONS = ("fragments", "devise")
 
 __all__ = ["REPRESENTATIONS", "FragmentEmbeddingConfig", "SentenceFragmentEncoder", "FragmentEmbeddingModel",
-           "build_fragment_model", "save_fragment_config", "load_fragment_config"]
+           "build_fragment_model"]
 
 
 @dataclasses.dataclass
@@ -173,13 +172,16 @@ class SentenceFragmentEncoder(keras.layers.Layer):
                 "shared_relation_weights": self.shared_relation_weights}
 
 
-class FragmentEmbeddingModel(keras.Model):
+class FragmentEmbeddingModel(SystemModel):
     """Image- and sentence-fragment embeddings trained with C_F + β·C_G + α‖θ‖²."""
 
+    CONFIG_CLASS = FragmentEmbeddingConfig
+    LOGGED_TERMS = ("loss", "fragment_objective", "global_objective")
+    EVALUATION_OPTIONS = ("ks",)
+
     def __init__(self, config: FragmentEmbeddingConfig, **kwargs):
-        super().__init__(**kwargs)
         config.validate()
-        self.config = config
+        super().__init__(config, **kwargs)
         self.image_head = (keras.layers.Dense(config.image_head_dim, name="image_head")
                            if config.image_head_dim else None)
         self.image_projection = keras.layers.Dense(config.joint_dim, name="image_projection")
@@ -192,9 +194,6 @@ class FragmentEmbeddingModel(keras.Model):
         # MIL labels (eq. 5) from the second stage on; a variable so that the
         # switch needs no retracing.
         self.mil = tf.Variable(False, trainable=False, name="mil")
-        self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.fragment_tracker = keras.metrics.Mean(name="fragment_objective")
-        self.global_tracker = keras.metrics.Mean(name="global_objective")
 
     def build_all(self) -> "FragmentEmbeddingModel":
         cnn_dim = self.config.image_dim
@@ -281,18 +280,14 @@ class FragmentEmbeddingModel(keras.Model):
              for i in range(0, max(1, len(relation)), 65536)]
         return np.concatenate(vs), np.concatenate(vms), np.concatenate(s), row_splits
 
-    def evaluate(self, x=None, y=None, *, protocol: str | None = None,
-                 ks: Sequence[int] = retrieval.DEFAULT_KS, **kwargs) -> dict:
+    def evaluate_split(self, x, protocol: str | None = None, *,
+                       ks: Sequence[int] = retrieval.DEFAULT_KS) -> dict:
         """Retrieval metrics of S_kl on a test split (module docstring) through the one evaluation core.
 
         Returns R@K in both directions, median/mean rank and rsum under
         `protocol` (default: the split's), with the model's S_kl settings
-        (`FragmentEmbeddingConfig.score_options`). A `tf.data.Dataset` of
-        training batches gives Keras' loss evaluation instead.
+        (`FragmentEmbeddingConfig.score_options`).
         """
-        loss_terms = keras_loss_evaluation(self, x, y, kwargs)
-        if loss_terms is not None:
-            return loss_terms
         split = as_evaluation_split(x, protocol)
         if split.caption_of_row is not None or split.image_class is not None:
             raise UserInputError("caption_of_row / image_class are dual-path evaluation inputs; "
@@ -347,32 +342,13 @@ class FragmentEmbeddingModel(keras.Model):
         """The weights of α‖θ‖²: every trainable weight, or its kernels only (``decay_biases=False``)."""
         return [w for w in self.trainable_weights if self.config.decay_biases or "bias" not in w.path]
 
-    def train_step(self, data):
-        data = unpack_batch(data)
-        with tf.GradientTape() as tape:
-            terms = self.objective(data, training=True)
-            scaled = self.optimizer.scale_loss(terms["loss"])
-        grads = tape.gradient(scaled, self.trainable_variables)
+    def apply_gradients(self, grads) -> None:
         if self.image_head is not None and self.config.cnn_learning_rate_scale != 1.0:
             # A smaller step for the pretrained CNN layer (SGD: the same as its own rate).
             head = {id(v) for v in self.image_head.trainable_variables}
             grads = [g * self.config.cnn_learning_rate_scale if id(v) in head and g is not None else g
                      for g, v in zip(grads, self.trainable_variables)]
-        self.optimizer.apply(grads, self.trainable_variables)
-        return self._track(terms)
-
-    def test_step(self, data):
-        return self._track(self.objective(unpack_batch(data), training=False))
-
-    def _track(self, terms):
-        self.loss_tracker.update_state(terms["loss"])
-        self.fragment_tracker.update_state(terms["fragment_objective"])
-        self.global_tracker.update_state(terms["global_objective"])
-        return {m.name: m.result() for m in self.metrics}
-
-    @property
-    def metrics(self):
-        return [self.loss_tracker, self.fragment_tracker, self.global_tracker]
+        super().apply_gradients(grads)
 
 
 def build_fragment_model(config: FragmentEmbeddingConfig | dict,
@@ -385,11 +361,3 @@ def build_fragment_model(config: FragmentEmbeddingConfig | dict,
         model.sentence_encoder.set_word_vectors(word_vectors)
     return model
 
-
-def save_fragment_config(path, config: FragmentEmbeddingConfig, **extra) -> None:
-    save_model_config(path, config, **extra)
-
-
-def load_fragment_config(path) -> tuple[FragmentEmbeddingConfig, dict]:
-    """The configuration written by `save_fragment_config` and its extra entries."""
-    return load_model_config(path, FragmentEmbeddingConfig)

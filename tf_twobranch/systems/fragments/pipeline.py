@@ -49,8 +49,8 @@ from tf_twobranch.systems.fragments.features import (FragmentFeatureSpec, Fragme
 from tf_twobranch.features.scene_cnn import load_scene_cnn
 from tf_twobranch.features.prepare_regions import read_split_proposals
 from tf_twobranch.json_files import read_json_object
-from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig, build_fragment_model,
-                                                    load_fragment_config)
+from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig, FragmentEmbeddingModel,
+                                                    build_fragment_model)
 from tf_twobranch.cli import split_paths
 from tf_twobranch.recipes import RunRecipe
 from tf_twobranch.table_runner import slug
@@ -325,7 +325,7 @@ def load_fragment_run(run_dir: pathlib.Path, checkpoint: str = "latest") -> Run:
     if folder is None:
         raise UserInputError(f"{run_dir}: the run has no trained stage ({FragmentEmbeddingConfig.FILE_NAME} "
                              "in stage2/, stage1/ or the folder itself); a random-ranking row has no model")
-    config, _ = load_fragment_config(folder / FragmentEmbeddingConfig.FILE_NAME)
+    config, _ = FragmentEmbeddingModel.load_config(folder / FragmentEmbeddingConfig.FILE_NAME)
     model = build_fragment_model(config)
     load_checkpoint(model, run_weights(folder, checkpoint))
     run_config = read_json_object(folder / "run_config.json", "run configuration")

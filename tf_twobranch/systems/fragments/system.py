@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pathlib
 
-from tf_twobranch.systems.registry import RunTask, System, stage_file
+from tf_twobranch.systems.registry import (LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun, RunTask,
+                                           System, stage_file)
 
 FRAGMENTS = RunTask("fragment_embeddings", "a deep-fragment-embedding run (Karpathy et al.)",
                     "experiments.fragment_embeddings", "experiments.draw_fragments")
@@ -33,4 +34,10 @@ def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[s
 SYSTEM = System(
     name="fragments", paper="Karpathy, Joulin, Fei-Fei: Deep fragment embeddings for bidirectional image sentence "
     "mapping (NIPS 2014)", model_family="fragment_embedding", tasks=(FRAGMENTS,),
-    load=load, export=export, gallery=gallery, recognise=recognise)
+    load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
+        LeaderboardLine("random", "Random ranking", "fragment embeddings (Karpathy Table 3)",
+                        LeaderboardRun(FRAGMENTS.name, "karpathy_table3_random_ranking", LEADERBOARD_RETRIEVAL_FLAGS),
+                        no_grounding="random scores rank captions only (no boxes, no heat maps)", position=0),
+        LeaderboardLine("fragments", "Deep fragment embeddings (\u2020 + MIL)", "fragment embeddings (Karpathy Table 3)",
+                        LeaderboardRun(FRAGMENTS.name, "karpathy_table3_fragment_global_mil",
+                                       LEADERBOARD_RETRIEVAL_FLAGS), position=5)))

@@ -56,8 +56,7 @@ from tf_twobranch.evaluation import pointing_game
 from tf_twobranch.systems.npair import heat_maps as localization_maps
 from tf_twobranch.systems.npair.retrieval import evaluate_localization_retrieval
 from tf_twobranch.evaluation.split import EvaluationSplit
-from tf_twobranch.models.base import ModelConfig, load_model_config, save_model_config
-from tf_twobranch.models.evaluation_input import keras_loss_evaluation
+from tf_twobranch.models.base import ModelConfig, SystemModel
 from tf_twobranch.systems.npair import losses as npair_losses
 from tf_twobranch.systems.npair import heat_map_volume as volume
 
@@ -68,8 +67,7 @@ LOSSES = ("npair", "triplet")
 PROJECTIONS = ("conv", "centred")
 
 __all__ = ["LOSSES", "START_TOKEN", "END_TOKEN", "NPairLocalizationConfig", "NPairLocalizationModel",
-           "NPairEvaluationSplit", "headline_metrics", "build_npair_model", "save_npair_config",
-           "load_npair_config"]
+           "NPairEvaluationSplit", "headline_metrics", "build_npair_model"]
 
 
 @dataclasses.dataclass
@@ -148,15 +146,17 @@ def headline_metrics(results: dict, protocol: str, parse_mode: str) -> dict:
     return metrics
 
 
-class NPairLocalizationModel(keras.Model):
+class NPairLocalizationModel(SystemModel):
     """The two branches and their localization volume, trained on retrieval alone."""
 
+    CONFIG_CLASS = NPairLocalizationConfig
+    EVALUATION_OPTIONS = ("work_dir",)
+
     def __init__(self, config: NPairLocalizationConfig, backbone: keras.Model | None = None, **kwargs):
-        super().__init__(**kwargs)
         config.validate()
         if config.train_backbone and backbone is None:
             raise ConfigError("train_backbone needs the backbone model (image -> spatial map)")
-        self.config = config
+        super().__init__(config, **kwargs)
         self.backbone = backbone
         if backbone is not None:
             backbone.trainable = config.train_backbone
@@ -165,7 +165,6 @@ class NPairLocalizationModel(keras.Model):
                                                      trainable=config.train_word_vectors,
                                                      name="word_vectors")
         self.lstm = keras.layers.LSTM(config.embed_dim, return_sequences=True, name="caption_lstm")
-        self.loss_tracker = keras.metrics.Mean(name="loss")
 
     def build_all(self) -> "NPairLocalizationModel":
         c = self.config
@@ -227,25 +226,6 @@ class NPairLocalizationModel(keras.Model):
             maps, tokens, batch["token_mask"], loss=c.loss, aggregator=c.aggregator,
             token_average=c.token_average, temperature=c.temperature, margin=c.margin)}
 
-    def train_step(self, data):
-        data, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
-            loss = self.objective(data, training=True)["loss"]
-            scaled = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, self.trainable_variables)
-        self.optimizer.apply(grads, self.trainable_variables)
-        self.loss_tracker.update_state(loss)
-        return {"loss": self.loss_tracker.result()}
-
-    def test_step(self, data):
-        data, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        self.loss_tracker.update_state(self.objective(data, training=False)["loss"])
-        return {"loss": self.loss_tracker.result()}
-
-    @property
-    def metrics(self):
-        return [self.loss_tracker]
-
     # ----------------------------------------------------------- evaluation
     def evaluation_results(self, split: NPairEvaluationSplit, *, protocols: Sequence[str] | None = None,
                            work_dir=None) -> dict:
@@ -280,15 +260,11 @@ class NPairLocalizationModel(keras.Model):
             del image_maps, vectors
         return out
 
-    def evaluate(self, x=None, y=None, *, protocol: str | None = None, work_dir=None, **kwargs) -> dict:
+    def evaluate_split(self, x, protocol: str | None = None, *, work_dir=None) -> dict:
         """The family contract: the metrics of a test split (`NPairEvaluationSplit`, e.g.
         `load_run(run_dir).evaluation_split()`): R@K both ways, median/mean rank and rsum of
         S(I, T) under `protocol` (default: the split's), and ``pointing_accuracy`` in the split's
-        parse mode where it has Entities phrases — the ``metrics`` of the run's results.json.
-        A `tf.data.Dataset` of training batches gives Keras' loss evaluation instead."""
-        loss_terms = keras_loss_evaluation(self, x, y, kwargs)
-        if loss_terms is not None:
-            return loss_terms
+        parse mode where it has Entities phrases — the ``metrics`` of the run's results.json."""
         protocol = protocol or getattr(x, "protocol", None) or "full"
         results = self.evaluation_results(x, protocols=[protocol], work_dir=work_dir)
         return headline_metrics(results, protocol, x.parse_mode)
@@ -322,11 +298,3 @@ def build_npair_model(config: NPairLocalizationConfig | dict, word_vectors: np.n
         model.set_word_vectors(word_vectors)
     return model
 
-
-def save_npair_config(path, config: NPairLocalizationConfig, **extra) -> None:
-    save_model_config(path, config, **extra)
-
-
-def load_npair_config(path) -> tuple[NPairLocalizationConfig, dict]:
-    """The configuration written by `save_npair_config` and its extra entries."""
-    return load_model_config(path, NPairLocalizationConfig)

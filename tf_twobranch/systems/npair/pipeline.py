@@ -48,7 +48,7 @@ from tf_twobranch.systems.npair.features import (CaptionTokens, NPairInputSpec, 
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.systems.npair.losses import DEFAULT_TEMPERATURE
 from tf_twobranch.systems.npair.model import (NPairEvaluationSplit, NPairLocalizationConfig,
-                                                    build_npair_model, headline_metrics, load_npair_config)
+                                              NPairLocalizationModel, build_npair_model, headline_metrics)
 from tf_twobranch.recipes import RunRecipe
 from tf_twobranch.run_loading import Run, run_weights
 
@@ -299,7 +299,7 @@ def load_npair_run(run_dir: pathlib.Path, checkpoint: str = "latest") -> Run:
     config_path = run_dir / NPairLocalizationConfig.FILE_NAME
     if not config_path.is_file():
         raise UserInputError(f"{run_dir}: an N-pair localization run needs {config_path.name}")
-    config, extra = load_npair_config(config_path)
+    config, extra = NPairLocalizationModel.load_config(config_path)
     vocabulary = extra.get("vocabulary")
     if not vocabulary:
         raise UserInputError(f"{config_path}: no 'vocabulary' in it")

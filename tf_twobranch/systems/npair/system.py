@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pathlib
 
-from tf_twobranch.systems.registry import RunTask, System, stage_file
+from tf_twobranch.systems.registry import (LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun, RunTask,
+                                           System, stage_file)
 
 NPAIR = RunTask("npair_localization", "an N-pair localization run (Das et al.)",
                 "experiments.npair_localization", "experiments.draw_heat_maps")
@@ -36,4 +37,7 @@ def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[s
 SYSTEM = System(
     name="npair", paper="Das, Ghouse, Verma, Li: Semi supervised phrase localization in a bidirectional "
     "caption-image retrieval framework", model_family="npair_localization", tasks=(NPAIR,),
-    load=load, export=export, gallery=gallery, recognise=recognise)
+    load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
+        LeaderboardLine("npair", "N-pair phrase localization (word mode)", "N-pair localization (Das Table 2)",
+                        LeaderboardRun(NPAIR.name, "das_table2_npair_word",
+                                       (*LEADERBOARD_RETRIEVAL_FLAGS, "--row_metric=auto")), position=6),))

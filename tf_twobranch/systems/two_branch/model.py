@@ -21,13 +21,13 @@ import numpy as np
 import tensorflow as tf
 
 from tf_twobranch import distribute
-from tf_twobranch.batching import in_batches, inference_function, unpack_batch
+from tf_twobranch.batching import in_batches, inference_function
 from tf_twobranch.errors import ConfigError, UserInputError
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.models.base import ModelConfig, save_model_config
+from tf_twobranch.models.base import ModelConfig, SystemModel
 from tf_twobranch.systems.two_branch import losses, region_phrase_losses
 from tf_twobranch.systems.two_branch.branches import BRANCH_LAYOUTS, build_feature_branch
-from tf_twobranch.models.evaluation_input import as_evaluation_split, keras_loss_evaluation
+from tf_twobranch.models.evaluation_input import as_evaluation_split
 from tf_twobranch.systems.two_branch.text_towers import build_lstm_text_tower
 
 MODEL_KINDS = ("embedding", "similarity")
@@ -110,7 +110,7 @@ def build_similarity_head(embed_dim: int, hidden: Sequence[int]) -> keras.Model:
     return keras.Model(x_in, logit, name="similarity_head")
 
 
-class TwoBranchModel(keras.Model):
+class TwoBranchModel(SystemModel):
     """Image tower + text tower (+ similarity head), with its own loss.
 
     Batches for `fit` are dicts: ``image`` (num_images, image_dim),
@@ -120,9 +120,12 @@ class TwoBranchModel(keras.Model):
     ``image`` and ``text`` aligned row by row.
     """
 
+    CONFIG_CLASS = TwoBranchConfig
+    EVALUATION_OPTIONS = ("batch_size", "ks")
+    GLOBAL_LOSS = True
+
     def __init__(self, config: TwoBranchConfig, **kwargs):
-        super().__init__(name=kwargs.pop("name", f"two_branch_{config.kind}"), **kwargs)
-        self.config = config
+        super().__init__(config, name=kwargs.pop("name", f"two_branch_{config.kind}"), **kwargs)
         self.image_tower = build_feature_branch(
             config.image_dim, hidden_dims=config.image_hidden, output_dim=config.embed_dim,
             layout=config.layout, dropout=config.dropout, name="image")
@@ -138,7 +141,6 @@ class TwoBranchModel(keras.Model):
                 layout=config.layout, dropout=config.dropout, name="text")
         self.similarity_head = (build_similarity_head(config.embed_dim, config.similarity_head)
                                 if config.kind == "similarity" else None)
-        self.loss_tracker = keras.metrics.Mean(name="loss")
         self._xla_apply = None
 
     def compile(self, optimizer="adam", *, xla_optimizer_update: bool | None = None, **kwargs):
@@ -208,8 +210,20 @@ class TwoBranchModel(keras.Model):
           (λ1 region anchor, λ2 phrase anchor, λ3/λ4 neighbourhoods);
         * similarity network: ``labels`` per pair, with ``pair_mask`` for
           Algorithm 1's padded pair batches.
+
+        Under a multi-replica strategy the batch holds this replica's tower
+        inputs (`distribute.split_global_batch`) and the global label
+        matrices; the replicas' outputs are all-gathered (differentiably) so
+        the ranking terms see every in-batch negative of the global batch, and
+        every replica computes the same global loss (``GLOBAL_LOSS``: Keras
+        sums the replicas' gradients, the all-gather's gradient routes each
+        row's share back to the replica that embedded it, and the base scales
+        by 1/replicas, so the update is that of the single-device batch).
         """
-        return {"loss": self._loss_from_outputs(self(batch, training=training), batch)}
+        out = self(batch, training=training)
+        if distribute.num_replicas() > 1:
+            out = {k: distribute.cross_replica_concat(v) for k, v in out.items()}
+        return {"loss": self._loss_from_outputs(out, batch)}
 
     def _loss_from_outputs(self, out: dict, batch: dict) -> tf.Tensor:
         """The task's loss given the towers' outputs for the whole batch.
@@ -242,46 +256,11 @@ class TwoBranchModel(keras.Model):
                                                     batch["pair_mask"])
         return losses.logistic_pair_loss(out["logits"], batch["labels"])
 
-    def _global_loss(self, batch, training):
-        """Loss of the global batch when each replica embeds only its rows.
-
-        Under a multi-replica strategy the batch holds this replica's tower
-        inputs (`distribute.split_global_batch`) and the global label
-        matrices; the replicas' outputs are all-gathered (differentiably) so
-        the ranking terms see every in-batch negative of the global batch.
-        Outside distribution this is `objective(...)["loss"]`.
-        """
-        out = self(batch, training=training)
-        if distribute.num_replicas() > 1:
-            out = {k: distribute.cross_replica_concat(v) for k, v in out.items()}
-        return self._loss_from_outputs(out, batch)
-
-    def train_step(self, data):
-        data = unpack_batch(data)
-        with tf.GradientTape() as tape:
-            loss = self._global_loss(data, training=True)
-            # Every replica computes the same global loss; Keras sums the
-            # replicas' gradients, and the all-gather's gradient routes each
-            # row's share back to the replica that embedded it, so scaling by
-            # 1/replicas makes the update that of the single-device batch.
-            # (scale_loss is the identity except under a float16 LossScaleOptimizer)
-            scaled = self.optimizer.scale_loss(distribute.replica_share(loss))
-        grads = tape.gradient(scaled, self.trainable_variables)
+    def apply_gradients(self, grads) -> None:
         if self._xla_apply is not None:
             self._xla_apply(grads)
         else:
             self.optimizer.apply(grads, self.trainable_variables)
-        self.loss_tracker.update_state(loss)
-        return distribute.keras_logs({"loss": self.loss_tracker.result()})
-
-    def test_step(self, data):
-        loss = self._global_loss(unpack_batch(data), training=False)
-        self.loss_tracker.update_state(loss)
-        return distribute.keras_logs({"loss": self.loss_tracker.result()})
-
-    @property
-    def metrics(self):
-        return [self.loss_tracker]
 
     # --- embedding and scoring ---------------------------------------------------
     def embed_images(self, image_features, batch_size: int = 1024) -> np.ndarray:
@@ -323,8 +302,8 @@ class TwoBranchModel(keras.Model):
         score.columns_per_call = cols
         return score
 
-    def evaluate(self, x=None, y=None, *, protocol: str | None = None, batch_size: int = 1024,
-                 ks: Sequence[int] = retrieval.DEFAULT_KS, **kwargs) -> dict:
+    def evaluate_split(self, x, protocol: str | None = None, *, batch_size: int = 1024,
+                       ks: Sequence[int] = retrieval.DEFAULT_KS) -> dict:
         """Image–text retrieval metrics on a test split via the shared core.
 
         `x` is an `EvaluationSplit` (e.g. `load_run(...).evaluation_split()`),
@@ -334,13 +313,8 @@ class TwoBranchModel(keras.Model):
         Returns R@K in both directions, median/mean rank and rsum under
         `protocol` (default: the split's, else "full"), the same numbers as
         `tf_twobranch.evaluation.retrieval` on the model's embeddings (through
-        the similarity head's scores for the similarity network). A
-        `tf.data.Dataset` of training batches gives Keras' loss evaluation
-        instead.
+        the similarity head's scores for the similarity network).
         """
-        loss_terms = keras_loss_evaluation(self, x, y, kwargs)
-        if loss_terms is not None:
-            return loss_terms
         split = as_evaluation_split(x, protocol)
         if split.caption_of_row is not None or split.image_class is not None:
             raise UserInputError("caption_of_row / image_class are dual-path evaluation inputs; "
@@ -362,6 +336,3 @@ def build_model(config: TwoBranchConfig | dict) -> TwoBranchModel:
         config = TwoBranchConfig.from_dict(config)
     return TwoBranchModel(config).build_all()
 
-
-def save_config(path, config: TwoBranchConfig, **extra):
-    save_model_config(path, config, **extra)

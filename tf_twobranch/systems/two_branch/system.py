@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pathlib
 
-from tf_twobranch.systems.registry import RunTask, System
+from tf_twobranch.systems.registry import (LEADERBOARD_REGION_FLAGS, LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine,
+                                           LeaderboardRun, RunTask, System)
 
 RETRIEVAL = RunTask("image_sentence_retrieval", "an image-sentence retrieval run (two-branch networks)",
                     "experiments.image_sentence_retrieval", None)
@@ -16,19 +17,17 @@ def load(run_dir: pathlib.Path, checkpoint: str):
     weights in ``checkpoints/<checkpoint>.weights.h5``."""
     from tf_twobranch.checkpoints import load_checkpoint
     from tf_twobranch.errors import UserInputError
-    from tf_twobranch.json_files import read_json_object
     from tf_twobranch.run_loading import Run, run_results, run_weights
-    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+    from tf_twobranch.systems.two_branch.model import TwoBranchConfig, TwoBranchModel, build_model
 
     config_path = run_dir / TwoBranchConfig.FILE_NAME
     if not config_path.exists():
         raise UserInputError(f"{run_dir}: a two-branch run folder needs {config_path.name}")
-    config = read_json_object(config_path, "run configuration")
-    if not isinstance(config.get("model"), dict):
-        raise UserInputError(f"{config_path}: no 'model' configuration in it")
-    model = build_model(TwoBranchConfig.from_dict(config["model"]))
+    config, extra = TwoBranchModel.load_config(config_path)
+    model = build_model(config)
     load_checkpoint(model, run_weights(run_dir, checkpoint))
-    return Run(run_dir, TwoBranchConfig.FAMILY, model, config, run_results(run_dir, run_dir))
+    return Run(run_dir, TwoBranchConfig.FAMILY, model, {"model": config.to_dict(), **extra},
+               run_results(run_dir, run_dir))
 
 
 def export(run, task: str):
@@ -54,4 +53,16 @@ def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[s
 SYSTEM = System(
     name="two_branch", paper="Wang, Li, Huang, Lazebnik: Learning two-branch neural networks for image-text "
     "matching tasks (TPAMI 2018; CVPR 2016)", model_family="two_branch", tasks=(RETRIEVAL, REGION_PHRASE),
-    load=load, export=export, gallery=gallery, recognise=recognise)
+    load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
+        LeaderboardLine("cca", "CCA (FV HGLMM)", "two-branch baseline (TPAMI Tables 1-2)",
+                        LeaderboardRun(RETRIEVAL.name, "table2_a1_cca_fv_hglmm", LEADERBOARD_RETRIEVAL_FLAGS),
+                        LeaderboardRun(REGION_PHRASE.name, "table1_a_cca", LEADERBOARD_REGION_FLAGS), position=1),
+        LeaderboardLine("embedding", "Two-branch embedding network (full model)", "two-branch (TPAMI Table 2 b6)",
+                        LeaderboardRun(RETRIEVAL.name, "table2_b6_nonlinear_bidir_nbr_constraints",
+                                       LEADERBOARD_RETRIEVAL_FLAGS),
+                        LeaderboardRun(REGION_PHRASE.name, "table1_b6_nonlinear_augm_pos_bidir_nbr_constraints",
+                                       LEADERBOARD_REGION_FLAGS), position=2),
+        LeaderboardLine("similarity", "Two-branch similarity network", "two-branch (TPAMI Table 2 d)",
+                        LeaderboardRun(RETRIEVAL.name, "table2_d_similarity", LEADERBOARD_RETRIEVAL_FLAGS),
+                        LeaderboardRun(REGION_PHRASE.name, "table1_c4_similarity_nonlinear_augm_pos",
+                                       LEADERBOARD_REGION_FLAGS), position=3)))
