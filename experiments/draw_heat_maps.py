@@ -49,11 +49,11 @@ def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "
     from tf_twobranch.data.formats.images import load_image
     from tf_twobranch.systems.npair import heat_maps as localization_maps
     from tf_twobranch.systems.npair.heat_map_figures import draw_phrase_heat_maps
-    from tf_twobranch.systems.npair.pipeline import dataset_layout, run_recipe
+    from tf_twobranch.systems.npair.pipeline import dataset_layout, recipe_of_run
     from tf_twobranch.runs import load_run
 
     run = load_run(run_dir)
-    recipe = run_recipe(run)
+    recipe = recipe_of_run(run)
     split = run.evaluation_split()
     _, layout = dataset_layout(recipe)
     if split.queries is None:

@@ -33,6 +33,7 @@ from absl import app, flags
 from experiments import common
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
+from tf_twobranch.recipes import define_recipe_flags
 from tf_twobranch.systems.two_branch import region_phrase_pipeline as pipeline
 from tf_twobranch.systems.two_branch.region_phrase_pipeline import (  # noqa: F401  (re-exported)
     EMBEDDED_PROFILE, SIMILARITY_HEADS, TABLE_COLUMNS, LocalizationRecipe, _table_row, format_chance,  # noqa: F401
@@ -47,57 +48,8 @@ def apply_embedded_profile(f) -> dict:
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
-    d = dict(flag_values=fv)
-    # Data and features.
-    common.define_data_flags(fv, dataset_help="Flickr30K Entities-style folder; empty: the "
-                             "embedded dataset.", limit_images=True)
-    flags.DEFINE_string("proposals", "", "Proposals file/folder (default <dataset_dir>/proposals.h5, "
-                        "generated with the built-in generator when absent).", **d)
-    flags.DEFINE_integer("max_proposals", 200, "Proposals ranked per image (the paper: 200 EdgeBoxes).",
-                         lower_bound=1, **d)
-    flags.DEFINE_bool("clip_proposals", False, "Clip proposals that stick out of their image (for "
-                      "crops and IoU alike, count logged); default: such a file is refused as being "
-                      "at the wrong scale.", **d)
-    common.define_feature_flags(
-        fv, text_encoders=["fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf"],
-        image_help="CNN for the single-crop region features.",
-        text_help="Phrase representation (fitted on the training phrases).")
-    # Model, Algorithm 1 and the loss.
-    common.define_two_branch_flags(
-        fv, hidden_dim=1024, dropout=0.0, top_k=30, text_anchor_weight=4.0,
-        text_neighbour_weight=0.1, batch_size=100, epochs=8, learning_rate=1e-3,
-        helps={"layout": "original: FC-BN-ReLU-FC (reference code; linear = FC-L2 as §4.2); "
-                         "paper: FC-ReLU-FC-BN.",
-               "top_k": "K violating triplets kept per positive pair.",
-               "image_anchor_weight": "λ1: region-anchor term; 0 = single-directional.",
-               "text_anchor_weight": "λ2: phrase-anchor (phrase-to-region) term.",
-               "text_neighbour_weight": "λ4 (used only with --neighbourhood_constraints).",
-               "batch_size": "Ground-truth region–phrase pairs per batch.",
-               "epochs": "Epochs of the first stage.",
-               "learning_rate": "Adam learning rate (§4.3)."})
-    flags.DEFINE_integer("similarity_head_layers", 3, "FC layers after the element-wise product "
-                         "(1: 512→1, 2: 512→512→1, 3: 512→512→256→1).", lower_bound=1, upper_bound=3, **d)
-    flags.DEFINE_bool("augment_positives", True, "Positive region augmentation (IoU >= 0.7).", **d)
-    flags.DEFINE_bool("neighbourhood_sampling", False, "Algorithm 1 step 3c.", **d)
-    flags.DEFINE_bool("neighbourhood_constraints", False, "Switch on λ3/λ4 for the --constraint_epochs "
-                      "stage (needs neighbourhood sampling).", **d)
-    flags.DEFINE_float("image_neighbour_weight", 0.1, "λ3 (used only with --neighbourhood_constraints).",
-                       lower_bound=0.0, **d)
-    flags.DEFINE_integer("negatives_per_phrase", 0, "Cap on IoU<0.3 regions drawn per coreference chain "
-                         "(0 = all, as the paper).", lower_bound=0, **d)
-    flags.DEFINE_integer("max_positives_per_phrase", 0, "Similarity network: positives kept per pair "
-                         "(0 = all).", lower_bound=0, **d)
-    # Training stages.
-    flags.DEFINE_integer("constraint_epochs", 2, "Further epochs with λ3/λ4 on (only with "
-                         "--neighbourhood_constraints).", lower_bound=0, **d)
-    flags.DEFINE_integer("hard_negative_epochs", 0, "CVPR 2016 stage: epochs after mining hard negatives "
-                         "(bi-directional terms only).", lower_bound=0, **d)
-    flags.DEFINE_integer("max_hard_negatives", 50, "Hard negatives kept per unique phrase.", lower_bound=1, **d)
-    common.define_smoke_flag(fv)
-    common.define_run_flags(
-        fv, export_help="Write the end-to-end SavedModel (image bytes, proposals and phrases -> "
-        "scores; signature score_proposals) to <run_dir>/export.",
-        paper_results_help="The paper's R@1,R@5,R@10 for this row (fewer when the paper gives fewer).")
+    """The flags: the fields of `LocalizationRecipe` (`tf_twobranch.recipes.define_recipe_flags`)."""
+    define_recipe_flags(LocalizationRecipe, fv)
 
 
 def recipe(f) -> LocalizationRecipe:

@@ -111,7 +111,7 @@ def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_d
     from tf_twobranch import table_runner
     calls = []
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(fe, "run_recipe", lambda *a, **k: calls.append(a) or pytest.fail("trained again"))
+    monkey.setattr(fe.pipeline, "run", lambda *a, **k: calls.append(a) or pytest.fail("trained again"))
     try:
         again = fe.run_rows(f, argv)
     finally:

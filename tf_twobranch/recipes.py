@@ -19,16 +19,31 @@ switched off stays off).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping, Sequence, TypeVar
 
 from tf_twobranch.errors import ConfigError, UserInputError
 
 R = TypeVar("R", bound="Recipe")
 
 
+def flag(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002  (absl's word)
+         enum: Sequence[str] | None = None, lower_bound: float | None = None, upper_bound: float | None = None,
+         default_factory: Any = dataclasses.MISSING) -> Any:
+    """A recipe field that is also its experiment's flag: its default, help, choices and bounds,
+    declared once; `define_recipe_flags` defines the flag from it."""
+    spec = {"help": help, "enum": None if enum is None else tuple(enum), "lower_bound": lower_bound,
+            "upper_bound": upper_bound}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"flag": spec})
+
+
 @dataclasses.dataclass
 class Recipe:
-    """Base of every row recipe (fields: the experiment's flag names)."""
+    """Base of every row recipe: each field is one flag of the experiment (`flag`), defined by
+    `define_recipe_flags`; ``FLAG_HELP`` words a shared field's help for one experiment."""
+
+    FLAG_HELP: ClassVar[dict[str, str]] = {}
+    # Flags that exclude each other (a validator is registered for each pair).
+    EXCLUSIVE_FLAGS: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @classmethod
     def flag_names(cls) -> set[str]:
@@ -89,27 +104,83 @@ class Recipe:
 
 @dataclasses.dataclass
 class RunRecipe(Recipe):
-    """The flags every training experiment shares (`experiments.common.define_run_flags`)."""
-    strategy: str = "default"
-    precision: str = "float32"
-    jit_compile: bool = False
-    run_eagerly: bool = False
-    seed: int = 0
-    backup_every_steps: int = 0
-    deterministic: bool = False
-    export: bool = True
-    verbose: int = 1
-    run_dir: str = ""
-    row_name: str = ""
-    paper_results: str = ""
-    paper_protocol: str = ""
-    out_json: str = ""
-    smoke: bool = False
+    """The flags every training experiment shares."""
+    EXCLUSIVE_FLAGS = (("jit_compile", "run_eagerly"),)
+    strategy: str = flag(
+        "default", "tf.distribute strategy.", enum=("default", "mirrored", "multi_worker", "tpu"))
+    precision: str = flag(
+        "float32", "Compute precision of the towers (variables and losses stay float32); mixed_bfloat16 on "
+        "CPU/GPU, mixed_float16 on GPU only.", enum=("float32", "mixed_bfloat16", "mixed_float16"))
+    jit_compile: bool = flag(False, "XLA-compile the whole training step.")
+    run_eagerly: bool = flag(
+        False, "Run the training step eagerly: for debugging, and for runs of a few steps, where tracing a "
+        "large graph costs more than the steps.")
+    seed: int = flag(0, "Seed of every random choice.")
+    backup_every_steps: int = flag(
+        0, "Preemption backup every this many training steps within an epoch (0 = at epoch ends only); a "
+        "run restarted with the same command resumes at the backed-up step.")
+    deterministic: bool = flag(
+        False, "Deterministic TF kernels, one op at a time and seeded RNGs (the same command gives the same "
+        "weights, and a resumed run ends with the weights of an uninterrupted one; slower on GPU).")
+    export: bool = flag(True, "Write a SavedModel to <run_dir>/export.")
+    verbose: int = flag(1, "Keras progress bar (0 = silent).")
+    run_dir: str = flag("", "Run directory (default runs/<row_name>).")
+    row_name: str = flag("", "Name of the table row.")
+    paper_results: str = flag("", "The paper's six numbers for this row (i2t R@1,5,10, t2i R@1,5,10).")
+    paper_protocol: str = flag(
+        "", "Protocol the paper's retrieval numbers were measured under (each flagfile declares it); they "
+        "are printed only beside a result of the same protocol.",
+        enum=("", "full", "flickr30k_1k", "flickr8k_1k", "coco_1k", "coco_5k", "first_caption", "folds_100"))
+    out_json: str = flag("", "Results JSON (default <run_dir>/results.json).")
+    smoke: bool = flag(
+        False, "Run the row in seconds (a check that it runs, not a result): caps its training length and "
+        "data per family (a scene CNN of one epoch on the slice) — two-branch retrieval: --epochs=1, "
+        "200/100 images, batches of 100; phrase localization: --epochs, --constraint_epochs, "
+        "--hard_negative_epochs at most 1, 40/20 images, 20 proposals; dual path: "
+        "--stage1_epochs=--stage2_epochs=1, 32 training images; fragment and N-pair: --epochs=1 "
+        "--steps_per_epoch=2, 40 training images (batches of at most 16), 20 / 100 test images; "
+        "sentence baselines: 4 mixture components, 2000 words, 32-d vectors "
+        "(tf_twobranch.recipes.SMOKE).")
 
 
 def from_flags(cls: type[R], fv) -> R:
     """`cls.from_flags(fv)` (`Recipe.from_flags`)."""
     return cls.from_flags(fv)
+
+
+def define_recipe_flags(cls: type[Recipe], fv) -> None:
+    """Defines one absl flag per field of the recipe class `cls` (into FlagValues `fv`), from the
+    field's type, default and `flag` metadata: a ``str`` field with choices is an enum flag, a
+    ``list`` field a comma-separated list."""
+    from absl import flags
+
+    d = dict(flag_values=fv)
+    for field in dataclasses.fields(cls):
+        spec = field.metadata.get("flag")
+        if spec is None:
+            raise ConfigError(f"{cls.__name__}.{field.name}: a recipe field is declared with recipes.flag(...)")
+        default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+        help_text = cls.FLAG_HELP.get(field.name, spec["help"])
+        bounds = {k: spec[k] for k in ("lower_bound", "upper_bound") if spec[k] is not None}
+        kind = field.type if isinstance(field.type, str) else field.type.__name__
+        if spec["enum"] is not None:
+            flags.DEFINE_enum(field.name, default, list(spec["enum"]), help_text, **d)
+        elif kind == "bool":
+            flags.DEFINE_bool(field.name, default, help_text, **d)
+        elif kind == "int":
+            flags.DEFINE_integer(field.name, default, help_text, **bounds, **d)
+        elif kind == "float":
+            flags.DEFINE_float(field.name, default, help_text, **bounds, **d)
+        elif kind == "str":
+            flags.DEFINE_string(field.name, default, help_text, **d)
+        elif kind.startswith(("list", "tuple")):
+            flags.DEFINE_list(field.name, list(default), help_text, **d)
+        else:
+            raise ConfigError(f"{cls.__name__}.{field.name}: no flag for a field of type {kind}")
+    for first, second in cls.EXCLUSIVE_FLAGS:
+        flags.register_multi_flags_validator(
+            [first, second], lambda v, a=first, b=second: not (v[a] and v[b]),
+            f"--{first} and --{second} exclude each other.", flag_values=fv)
 
 
 def typed_flags(fv) -> dict:

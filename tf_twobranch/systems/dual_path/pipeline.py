@@ -35,7 +35,7 @@ from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.figures.titles import dual_path_stage_title
 from tf_twobranch.systems.dual_path.model import DualPathConfig, DualPathModel, retrieval_metrics
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
-from tf_twobranch.recipes import RunRecipe, apply_profile, apply_smoke
+from tf_twobranch.recipes import RunRecipe, apply_profile, apply_smoke, flag
 from tf_twobranch.systems.dual_path.run_split import dual_path_test_split, record_dual_path_split
 from tf_twobranch.systems.dual_path import sampling as dp
 from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table, is_smoke, paper_beside_record,
@@ -83,50 +83,87 @@ PEDES_EMBEDDED_PROFILE = {**EMBEDDED_PROFILE, "max_train_images": 500, "stage1_e
 @dataclasses.dataclass
 class DualPathRecipe(RunRecipe):
     """One dual-path row (fields: the flags of experiments.instance_loss)."""
-    dataset_kind: str = 'retrieval'
-    dataset_dir: str = ''
-    caption_format: str = 'auto'
-    images_dir: str = ''
-    max_train_images: int = 0
-    max_test_images: int = 0
-    eval_split: str = 'test'
-    long_captions: str = 'error'
-    num_classes: int = 0
-    word_vectors: str = ''
-    word_dim: int = 300
-    word_init: str = 'word2vec'
-    max_len: int = 32
-    text_shift: str = 'position_shift'
-    test_text_shift: str = 'left_align'
-    image_backbone: str = 'resnet50'
-    image_weights: str = ''
-    image_size: int = 224
-    resize_to: int = 256
-    text_layout: str = 'paper'
-    head_layout: str = 'paper'
-    text_blocks: list = dataclasses.field(default_factory=lambda: [])
-    text_width: int = 64
-    hidden_dim: int = 2048
-    embed_dim: int = 2048
-    dropout: float = 0.75
-    margin: float = 1.0
-    ranking_negatives: str = 'in_batch'
-    num_negative_captions: int = 0
-    stages: list = dataclasses.field(default_factory=lambda: ['1', '2'])
-    init_from: str = ''
-    batch_size: int = 32
-    stage1_epochs: int = 10
-    stage1_learning_rate: float = 0.001
-    stage1_lambdas: list = dataclasses.field(default_factory=lambda: ['0', '1', '1'])
-    stage2_epochs: int = 10
-    stage2_learning_rate: float = 0.001
-    stage2_lambdas: list = dataclasses.field(default_factory=lambda: ['1', '1', '1'])
-    optimizer: str = 'sgd'
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 0.0
-    protocol: str = 'full'
-    paper_dataset: str = 'Flickr30K'
+    # Where this experiment words a shared flag's help its own way.
+    FLAG_HELP = {
+        "export": "Export the image and text towers as a SavedModel.",
+        "paper_results": "Paper numbers: R@1,R@5,R@10 image query then text query (pedes: text query only)."}
+
+    dataset_kind: str = flag(
+        'retrieval', "retrieval: Flickr30K / MSCOCO / embedded scenes (one class per image); pedes: CUHK-PEDES "
+        "reid_raw.json (one class per identity, text->image).", enum=("retrieval", "pedes"))
+    dataset_dir: str = flag(
+        '', "Dataset folder (retrieval) or folder of reid_raw.json (pedes); empty: the embedded dataset.")
+    caption_format: str = flag(
+        'auto', "Caption file layout of --dataset_dir.", enum=("auto", "karpathy", "token", "coco"))
+    images_dir: str = flag(
+        '', "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
+        "<dataset_dir>).")
+    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
+    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
+    eval_split: str = flag('test', "Split to evaluate on.", enum=("val", "test"))
+    long_captions: str = flag(
+        'error', "Captions longer than --max_len: error, or clip the final words (the paper).",
+        enum=("error", "clip"))
+    num_classes: int = flag(
+        0, "Instance classes; 0 = from the data (a set value must match the data).", lower_bound=0)
+    word_vectors: str = flag(
+        '', "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
+        "training captions.")
+    word_dim: int = flag(
+        300, "Word embedding size (the text CNN's first layer; vectors trained on the captions get this "
+        "size).", lower_bound=2)
+    word_init: str = flag(
+        'word2vec', "First text layer: word2vec-initialised or random (Table 5).",
+        enum=("word2vec", "random"))
+    max_len: int = flag(32, "Text input length (56 for CUHK-PEDES).", lower_bound=1)
+    text_shift: str = flag(
+        'position_shift', "Training-time text placement (Table 6).", enum=("position_shift", "left_align"))
+    test_text_shift: str = flag(
+        'left_align', "Test-time text: left-aligned, or the reference's mean over all shifts.",
+        enum=("left_align", "all_shifts"))
+    image_backbone: str = flag(
+        'resnet50', "Image CNN (scene_cnn: the embedded data's pretrained stand-in).",
+        enum=("resnet50", "vgg19", "vgg16", "resnet152", "scene_cnn"))
+    image_weights: str = flag('', "Local ImageNet weights file of the backbone.")
+    image_size: int = flag(224, "Training crop size.", lower_bound=32)
+    resize_to: int = flag(256, "Shorter image side before cropping.", lower_bound=32)
+    text_layout: str = flag(
+        'paper', "Text CNN: paper (3-4-6-3, same padding) or reference (3-4-6-1, causal).",
+        enum=("paper", "reference"))
+    head_layout: str = flag('paper', "FC head layout.", enum=("paper", "reference"))
+    text_blocks: list = flag(
+        default_factory=lambda: [], help="Blocks per text CNN stage (empty: the layout's, 3,4,6,3 / 3,4,6,1; 3,8,36,3 = "
+        "ResNet-152-like, Table 3).")
+    text_width: int = flag(64, "Text CNN base width (64 = ResNet-50).", lower_bound=1)
+    hidden_dim: int = flag(2048, "Hidden FC size of the heads.", lower_bound=1)
+    embed_dim: int = flag(2048, "Feature size f_img / f_text.", lower_bound=1)
+    dropout: float = flag(0.75, "Dropout rate before W_share.", lower_bound=0.0, upper_bound=0.99)
+    margin: float = flag(1.0, "Ranking loss margin alpha.", lower_bound=0.0)
+    ranking_negatives: str = flag(
+        'in_batch', "Negatives of the ranking loss.", enum=("in_batch", "hardest", "reference"))
+    num_negative_captions: int = flag(
+        0, "Random negative captions per batch (reference: 256 with ranking_negatives=reference).",
+        lower_bound=0)
+    stages: list = flag(default_factory=lambda: ['1', '2'], help="Stages to run, in order.")
+    init_from: str = flag('', "Run directory (or .weights.h5) whose weights start the first stage run here.")
+    batch_size: int = flag(32, "Images (each with one caption) per batch.", lower_bound=2)
+    stage1_epochs: int = flag(10, "Epochs of Stage 1.", lower_bound=1)
+    stage1_learning_rate: float = flag(0.001, "SGD learning rate of Stage 1.", lower_bound=0.0)
+    stage1_lambdas: list = flag(
+        default_factory=lambda: ['0', '1', '1'], help="lambda_rank, lambda_image, lambda_text of Stage 1.")
+    stage2_epochs: int = flag(10, "Epochs of Stage 2.", lower_bound=1)
+    stage2_learning_rate: float = flag(0.001, "SGD learning rate of Stage 2.", lower_bound=0.0)
+    stage2_lambdas: list = flag(
+        default_factory=lambda: ['1', '1', '1'], help="lambda_rank, lambda_image, lambda_text of Stage 2.")
+    optimizer: str = flag(
+        'sgd', "sgd: SGD with momentum (the paper and the reference); adam: Adam (embedded profile).",
+        enum=("sgd", "adam"))
+    momentum: float = flag(0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0)
+    nesterov: bool = flag(False, "Nesterov momentum (the reference).")
+    weight_decay: float = flag(0.0, "Weight decay (reference: 1e-4).", lower_bound=0.0)
+    protocol: str = flag(
+        'full', "Evaluation protocol (retrieval datasets).", enum=("full", "coco_1k", "coco_5k"))
+    paper_dataset: str = flag('Flickr30K', "Dataset of the paper numbers.")
 
 def _lambdas(values, name) -> tuple[float, float, float]:
     try:

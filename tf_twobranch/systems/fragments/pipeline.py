@@ -25,17 +25,21 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
+import time
 from typing import NamedTuple
 
 import keras
 import numpy as np
+from absl import logging
 
+from tf_twobranch import table_runner
 from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.data.from_flags import dataset_from_flags
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.systems.fragments.sentence_fragments import caption_keys
 from tf_twobranch.errors import UserInputError
+from tf_twobranch.evaluation import retrieval
 from tf_twobranch.evaluation.grounding import fragment_grounding
 from tf_twobranch.evaluation.pointing_game import pointing_queries
 from tf_twobranch.evaluation.split import EvaluationSplit
@@ -52,81 +56,153 @@ from tf_twobranch.json_files import read_json_object
 from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig, FragmentEmbeddingModel,
                                                     build_fragment_model)
 from tf_twobranch.cli import split_paths
-from tf_twobranch.recipes import RunRecipe
+from tf_twobranch.recipes import RunRecipe, flag
+from tf_twobranch.run_records import is_chief, setup_training, train_config, write_results as write_json
+from tf_twobranch.systems.fragments import sampling as fragment_batches
+from tf_twobranch.systems.fragments.export import export_fragment_model
+from tf_twobranch.tables import paper_numbers, resolve_protocol, split_record
+from tf_twobranch.training import trainer
 from tf_twobranch.table_runner import slug
 from tf_twobranch.run_loading import Run, config_folder, run_results, run_weights
 
 __all__ = ["FragmentRecipe", "FragmentData", "load_data", "build_config", "image_inputs", "evaluation_split",
            "stage_epochs", "stage_learning_rate", "initial_weights", "load_fragment_run", "grounding",
-           "serving_image_cnn"]
+           "serving_image_cnn", "EMBEDDED_PROFILE", "run"]
 
 
 @dataclasses.dataclass
 class FragmentRecipe(RunRecipe):
     """One row of Karpathy et al.'s tables: the experiment's flags (see their help there)."""
+    # Where this experiment words a shared flag's help its own way.
+    FLAG_HELP = {
+        "export": "Export the model as a SavedModel.",
+        "paper_results": "Paper numbers: R@1,R@5,R@10,Med r of image annotation then image search."}
+
 
     # Data.
-    dataset_dir: str = ""
-    caption_format: str = "auto"
-    images_dir: str = ""
-    max_train_images: int = 0
-    max_test_images: int = 0
-    eval_split: str = "test"
-    protocol: str = "full"
+    dataset_dir: str = flag(
+        "", "Dataset folder (Flickr8K: Flickr8k.token.txt and Flickr_8k.*Images.txt; Flickr30K: a token "
+        "file or Karpathy JSON with split lists), with its images; empty: the embedded dataset.")
+    caption_format: str = flag(
+        "auto", "Caption file layout of --dataset_dir.", enum=("auto", "karpathy", "token", "coco"))
+    images_dir: str = flag(
+        "", "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
+        "<dataset_dir>).")
+    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
+    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
+    eval_split: str = flag("test", "Split to evaluate on.", enum=("val", "test"))
+    protocol: str = flag(
+        "full", "full: every test sentence; first_caption: each image's first sentence only (Hodosh et al.'s "
+        "protocol, the paper's * rows).", enum=("full", "first_caption"))
     # Sentences.
-    parser: str = "conllu"
-    parses: str = ""
-    spacy_model: str = "en_core_web_sm"
-    fragments: str = "dependency"
-    collapse_prepositions: bool = False
-    min_relation_fraction: float = 0.01
-    word_vectors: str = ""
-    word_dim: int = 200
+    parser: str = flag(
+        "conllu", "conllu: read the captions' dependency parses from --parses (or the dataset's "
+        '<captions>.conllu); spacy: parse them with --spacy_model (pip install -e ".[parse]").',
+        enum=("conllu", "spacy"))
+    parses: str = flag("", "CoNLL-U parses of the captions (`# sent_id = <image>#<k>`).")
+    spacy_model: str = flag(
+        "en_core_web_sm", "Installed spaCy model name or local model folder (--parser=spacy); nothing is downloaded.")
+    fragments: str = flag(
+        "dependency", "Sentence fragments: dependency triplets, words (BOW) or bigrams.",
+        enum=("dependency", "bow", "bigram"))
+    collapse_prepositions: bool = flag(
+        False, "Fold prep(g, p) + pobj(p, o) into prep_<p>(g, o) as CoreNLP's collapsed dependencies (the "
+        "paper's parser) do.")
+    min_relation_fraction: float = flag(
+        0.01, "Relation types under this fraction of the training fragments are dropped.",
+        lower_bound=0.0, upper_bound=0.99)
+    word_vectors: str = flag(
+        "", "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
+        "training captions.")
+    word_dim: int = flag(200, "Word vector size W_e (the paper: 200).", lower_bound=2)
     # Images.
-    features_cache: str = ""
-    image_backbone: str = "scene_cnn"
-    backbone_weights: str = ""
-    scene_cnn_epochs: int = 12
-    proposals: str = ""
-    detections: int = 19
-    fragment_features: list = dataclasses.field(default_factory=list)
-    image_fragments: str = "all"
-    feature_dtype: str = "float32"
+    features_cache: str = flag("", "Where image fragments are cached (default <dataset_dir>/features).")
+    image_backbone: str = flag(
+        "scene_cnn", "CNN of the image fragments (scene_cnn: trained on the training images).",
+        enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
+    backbone_weights: str = flag("", "Local ImageNet weights file of the backbone.")
+    scene_cnn_epochs: int = flag(12, "Epochs of the scene_cnn backbone.", lower_bound=1)
+    proposals: str = flag(
+        "", "Ranked region proposals (HDF5 file or folder); default <dataset_dir>/proposals.h5.")
+    detections: int = flag(19, "Top-ranked boxes per image (+ the whole image).", lower_bound=0)
+    fragment_features: list = flag(
+        default_factory=list, help="Precomputed fragment features per split, split=path pairs of (images, 20, D) .npy/.h5 arrays "
+        "in split order (instead of the CNN).")
+    image_fragments: str = flag(
+        "all", "all: the whole image + detections; fullframe: the whole image only.",
+        enum=("all", "fullframe"))
+    feature_dtype: str = flag(
+        "float32", "Storage dtype of feature caches: float16 halves disk and RAM for large datasets (rows are "
+        "cast back to float32 in each batch).", enum=("float32", "float16"))
     # Model and objective.
-    representation: str = "fragments"
-    random_ranking: bool = False
-    embed_dim: int = 1000
-    shared_relation_weights: bool = False
-    fragment_objective: bool = True
-    global_objective: bool = True
-    class_balanced: bool = False
-    global_weight: float = 0.5
-    weight_decay: float = 1e-10
-    global_margin: float = 2.5
-    smoothing: float = 5.0
-    normaliser: str = "paper"
-    global_score: str = "sum_relu"
-    mil_zero_score: str = "negative"
-    decay_biases: bool = False
+    representation: str = flag(
+        "fragments", "fragments: the paper's model; devise: the DeViSE baseline (mean word vector, mean CNN "
+        "feature, global objective).", enum=("fragments", "devise"))
+    random_ranking: bool = flag(False, "The Random Ranking row: random scores, no training.")
+    embed_dim: int = flag(1000, "h, the fragment embedding size.", lower_bound=1)
+    shared_relation_weights: bool = flag(
+        False, "One W_R for every relation (the authors' code) instead of one per relation type (the paper).")
+    fragment_objective: bool = flag(True, "Use the fragment alignment objective C_F.")
+    global_objective: bool = flag(True, "Use the global ranking objective C_G.")
+    class_balanced: bool = flag(
+        False, "C_0 with positives weighted 1/#pos and negatives 1/#neg per sentence fragment (the authors' "
+        "code).")
+    global_weight: float = flag(0.5, "β.", lower_bound=0.0)
+    weight_decay: float = flag(1e-10, "α of α‖θ‖².", lower_bound=0.0)
+    global_margin: float = flag(
+        2.5, "Δ of the global ranking objective (the code: 40 with its normaliser, whose S is about 15× "
+        "the paper's).", lower_bound=0.0)
+    smoothing: float = flag(5.0, "n of S_kl (the code's smoothnum: 10).", lower_bound=0.0)
+    normaliser: str = flag(
+        "paper", "S_kl normaliser: 1/(|g_k|(|g_l|+n)) (paper) or 1/(|g_l|+n) (code).", enum=("paper", "code"))
+    global_score: str = flag(
+        "sum_relu", "S_kl's accumulation over an image's fragments, in training and evaluation: sum_relu Σ max(0, "
+        "vᵀs) (the paper; the code's thrglobalscore=1, maxaccum=0); sum Σ vᵀs (thrglobalscore=0); "
+        "max_relu: each sentence fragment's best max(0, vᵀs) (maxaccum=1); max: its best vᵀs (the "
+        "code's DriverSetParams.m defaults, 'the CVPR implementation').",
+        enum=("sum_relu", "sum", "max_relu", "max"))
+    mil_zero_score: str = flag(
+        "negative", "MIL label of a positive-bag pair scoring exactly 0 (an all-zero ReLU sentence fragment): "
+        "negative (y = -1), or ignored (no weight in C_F: the code's sign(0) = 0).",
+        enum=("negative", "ignored"))
+    decay_biases: bool = flag(
+        False, "Include the biases in α‖θ‖² (the paper's θ and the authors' code decay every parameter); "
+        "default: kernels only.")
     # Training.
-    epochs: int = 20
-    steps_per_epoch: int = 0
-    batch_size: int = 100
-    learning_rate: float = 1e-5
-    momentum: float = 0.9
-    lr_drop_epochs: int = 2
-    mil: bool = False
-    fine_tune_cnn: bool = False
-    cnn_learning_rate_scale: float = 1.0
-    mil_start: str = "paper"
-    init_from: str = ""
-    paper_dataset: str = "Flickr8K"
-    # Run: distribution, seed, output (common.define_run_flags), --smoke: inherited from RunRecipe.
+    epochs: int = flag(20, "Epochs (an epoch: num_sentences / batch_size steps).", lower_bound=1)
+    steps_per_epoch: int = flag(
+        0, "Steps per epoch; 0: the paper's epoch (every training sentence once, num_sentences / "
+        "batch_size steps). A smaller value shortens a trial or benchmark run at the real dataset "
+        "size.", lower_bound=0)
+    batch_size: int = flag(100, "Distinct images per batch, one sentence each.", lower_bound=2)
+    learning_rate: float = flag(
+        1e-5, "SGD learning rate (cross-validated in the paper; the code: 1e-5).", lower_bound=0.0)
+    momentum: float = flag(0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0)
+    lr_drop_epochs: int = flag(2, "The last this many epochs run at 0.1× the rate.", lower_bound=0)
+    mil: bool = flag(False, "Second stage with the MIL fragment objective (eq. 5).")
+    fine_tune_cnn: bool = flag(False, "Second stage also trains the CNN's top layer (scene_cnn backbone).")
+    cnn_learning_rate_scale: float = flag(
+        1.0, "With --fine_tune_cnn: the CNN top layer's learning rate relative to --learning_rate.",
+        lower_bound=0.0)
+    mil_start: str = flag(
+        "paper", "When the second stage starts: half the epochs (paper: 10 of 20) or 0.75·epochs (the authors' "
+        "code).", enum=("paper", "code"))
+    init_from: str = flag("", "Run directory (or .weights.h5) whose weights start the run.")
+    paper_dataset: str = flag("Flickr8K", "Dataset of the paper numbers.")
+    # Run: distribution, seed, output, --smoke: inherited from RunRecipe.
     # The table runner.
-    rows: list = dataclasses.field(default_factory=list)
-    runs_dir: str = ""
-    resume: bool = True
-    table: str = "all"
+    rows: list = flag(
+        default_factory=list, help="Run these row flagfiles (names in experiments/configs or paths; 'all': every "
+        "karpathy_table<N>_*.cfg of --table) and print the tables.")
+    runs_dir: str = flag(
+        "", "Parent folder of the rows' run folders, each named after its flagfile (default runs/ in the "
+        "repository).")
+    resume: bool = flag(
+        True, "Reuse rows that finished earlier with the same arguments (<run folder>/results.json and "
+        "table_row.json); --noresume runs them again.")
+    table: str = flag(
+        "all", "Rows of Table 2 (Flickr8K), Table 3 (Flickr30K) or both (--rows=all).",
+        enum=("2", "3", "all"))
 
 
 class FragmentData(NamedTuple):
@@ -374,3 +450,103 @@ def grounding(recipe: FragmentRecipe, data: FragmentData, model) -> dict:
                               caption_words=fragments.words, image_fragments=v, image_mask=v_mask,
                               sentence_fragments=s, row_splits=row_splits, positions=fragments.positions,
                               image_boxes=boxes)
+
+
+# The embedded scenes have a ~130-word vocabulary (the PPMI-SVD word vectors
+# can have at most that many dimensions) and 2,500 training images. The
+# profile keeps the paper's structure (20 fragments per image, per-relation
+# W_R, S_kl, SGD with momentum 0.9, 100 distinct images per batch, two
+# stages, lr × 0.1 at the end) at a size a 2-core CPU trains in about four
+# minutes per row: 64-d word vectors, h = 256, 4 epochs of 125 steps (the
+# second stage from epoch 2, the last epoch at 0.1×). The authors' code's
+# class-balanced C_0 with lr 1e-4: with the paper's plain C_0 (a sum over
+# ~2M fragment pairs per batch, 99 % negative) training diverged at lr 1e-5
+# and collapsed at 1e-6 (every fragment score negative, all S_kl equal:
+# C_G at its collapse value); BUILD_NOTES.md. The CNN's top layer is
+# fine-tuned at 0.01× the rate: at 1× it diverged (rsum 1.6, below chance).
+EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 4, "lr_drop_epochs": 1,
+                    "learning_rate": 1e-4, "class_balanced": True, "cnn_learning_rate_scale": 0.01}
+
+
+def run(r: FragmentRecipe, typed: dict | None = None, flagfile: str | None = None) -> dict:
+    """Runs one table row (in `r.run_dir`, else ``runs/<flagfile stem>``); returns the results record."""
+    start = time.time()
+    row_name = r.row_name or "fragment_embeddings"
+    run_dir = pathlib.Path(r.run_dir) if r.run_dir else table_runner.run_folder(None, flagfile, row_name)
+    data = load_data(r)
+    splits, images, text = data.splits, data.images, data.text
+    evaluation = splits[r.eval_split]
+    protocol = resolve_protocol(r, evaluation.num_images, split=f"the {r.eval_split} split")
+    saved = {"typed_flags": typed or {}, "recipe": r.to_dict()}     # the recipe after its protocol is resolved
+    record = {"row": row_name, "task": "fragment_embeddings", "dataset": str(data.source), **saved,
+              "run_dir": str(run_dir),
+              "paper": paper_numbers(r.paper_results), "paper_dataset": r.paper_dataset,
+              "paper_protocol": r.paper_protocol, "num_train_images": splits["train"].num_images,
+              "num_eval_images": evaluation.num_images, "num_eval_captions": evaluation.num_captions,
+              **split_record(protocol, evaluation),
+              "fragments": text.stats, "stages": []}
+    random_metrics = retrieval.random_baseline_metrics(evaluation.num_images, evaluation.caption_image,
+                                                       protocol=r.protocol, seed=r.seed)
+    if r.random_ranking:
+        record.update(metrics=random_metrics, random_baseline=random_metrics, seconds=time.time() - start)
+        write_json(r.out_json or run_dir / "results.json", record)
+        return record
+    config = build_config(r, images, text)
+    strategy = setup_training(r)
+    with strategy.scope():
+        model = build_fragment_model(config, text.word_vectors.vectors)
+    if config.image_head_dim:
+        kernel, bias = images["train"].head
+        model.image_head.set_weights([kernel, bias])
+    if r.init_from:
+        record["init_from"] = initial_weights(model, r.init_from)
+    train_inputs = image_inputs(images["train"], config)
+    train_text = text.splits["train"]
+    sentences = fragment_batches.padded_sentence_arrays(train_text.relation, train_text.word1, train_text.word2,
+                                                        train_text.row_splits)
+    steps = r.steps_per_epoch or fragment_batches.steps_per_epoch(splits["train"].num_captions, r.batch_size)
+    for stage, first, end in stage_epochs(r):
+        stage_dir = run_dir / f"stage{stage}"
+        with strategy.scope():
+            model.mil.assign(r.mil and stage == 2)
+            if model.image_head is not None:
+                model.image_head.trainable = stage == 2
+            optimizer = keras.optimizers.SGD(stage_learning_rate(r, steps, first, end), momentum=r.momentum)
+            model.compile(optimizer=optimizer, jit_compile=r.jit_compile, run_eagerly=r.run_eagerly)
+        tcfg = train_config(r, epochs=end, learning_rate=r.learning_rate, seed=r.seed + stage,
+                                   optimizer="sgd")
+
+        def dataset(start_step=0, stage=stage):
+            return fragment_batches.train_dataset(train_inputs, images["train"].mask, sentences,
+                                                  splits["train"].caption_image, batch_size=r.batch_size,
+                                                  seed=r.seed + stage, start_step=start_step)
+
+        trainer.prepare_run_dir(stage_dir, {"model": config.to_dict(), "train": tcfg.__dict__, **saved,
+                                            "stage": stage, "task": "fragment_embeddings"})
+        model.save_config(stage_dir / config.FILE_NAME, relations=text.relations,
+                          words=text.word_vectors.words, stage=stage)
+        stage_start = time.time()
+        history = trainer.train(model, dataset, tcfg, stage_dir, steps_per_epoch=steps, initial_epoch=first,
+                                epochs=end)
+        metrics = model.evaluate(evaluation_split(r, data, config))
+        logging.info("%s - stage %d: %s", row_name, stage, {k: round(v, 2) for k, v in metrics.items()})
+        record["stages"].append({"stage": stage, "epochs": [first, end], "mil": bool(model.mil.numpy()),
+                                 "cnn_trained": bool(model.image_head is not None and stage == 2),
+                                 "steps_per_epoch": steps, "optimizer_steps": int(model.optimizer.iterations.numpy()),
+                                 "history": {k: [float(x) for x in v] for k, v in history.history.items()},
+                                 "metrics": metrics, "seconds": time.time() - stage_start,
+                                 "run_dir": str(stage_dir)})
+    record["metrics"] = record["stages"][-1]["metrics"]
+    record["random_baseline"] = random_metrics
+    record["grounding"] = grounding(r, data, model)
+    if r.export and config.representation == "fragments" and is_chief():
+        # JPEG bytes + boxes in where the row's CNN is known (its feature inputs stay beside them).
+        cnn, note = serving_image_cnn(r, data, config)
+        if note:
+            logging.info("export: %s", note)
+        record["export_dir"] = str(export_fragment_model(
+            model, run_dir / "export", relations=text.relations, words=text.word_vectors.words, image_cnn=cnn,
+            run_config={"model": config.to_dict(), **saved, "export_notes": [note] if note else []}))
+    record["seconds"] = time.time() - start
+    write_json(r.out_json or run_dir / "results.json", record)
+    return record

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import time
 
 import keras
+from absl import logging
 
+from tf_twobranch import table_runner
 from tf_twobranch.checkpoints import load_checkpoint
 from tf_twobranch.cli import split_paths
 from tf_twobranch.data.corpus import CaptionCorpus
@@ -39,22 +42,29 @@ from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.systems.npair import heat_maps as localization_maps
+from tf_twobranch.data.phrases import phrase_fingerprint
+from tf_twobranch.evaluation import retrieval
 from tf_twobranch.evaluation.grounding import grounding_summary
 from tf_twobranch.evaluation.pointing_game import DEFAULT_POINT_RULE, pointing_queries
 from tf_twobranch.features import FEATURE_SEED
+from tf_twobranch.systems.npair import sampling as npair_batches
 from tf_twobranch.systems.npair.features import (CaptionTokens, NPairInputSpec, NPairText, backbone_maps,
                                                  caption_inputs, encode_token_lists, load_backbone_maps,
-                                                 spatial_backbone)
+                                                 phrase_parsed_captions, spatial_backbone, split_images)
 from tf_twobranch.json_files import read_json_object
 from tf_twobranch.systems.npair.losses import DEFAULT_TEMPERATURE
 from tf_twobranch.systems.npair.model import (NPairEvaluationSplit, NPairLocalizationConfig,
                                               NPairLocalizationModel, build_npair_model, headline_metrics)
-from tf_twobranch.recipes import RunRecipe
+from tf_twobranch.recipes import RunRecipe, flag
+from tf_twobranch.run_records import is_chief, setup_training, train_config, write_results as write_json
+from tf_twobranch.tables import paper_numbers, resolve_protocol, split_record
+from tf_twobranch.training import trainer
 from tf_twobranch.run_loading import Run, run_weights
 
 __all__ = ["ROW_KINDS", "BASELINE_KINDS", "NPairRecipe", "NPairData", "dataset_layout", "reported_metric",
            "uncomputable_metric", "load_data", "features_cache", "build_config", "evaluation_queries",
-           "evaluation_split", "baseline_pointing", "summary", "load_npair_run", "run_recipe"]
+           "evaluation_split", "baseline_pointing", "summary", "load_npair_run", "recipe_of_run",
+           "EMBEDDED_PROFILE", "train_model", "run"]
 
 ROW_KINDS = ("model", "untrained", "random_point", "centre_point", "channel_mean")
 BASELINE_KINDS = ("random_point", "centre_point", "channel_mean")
@@ -64,59 +74,119 @@ BASELINE_KINDS = ("random_point", "centre_point", "channel_mean")
 class NPairRecipe(RunRecipe):
     """One row of the N-pair experiment: every flag of ``experiments.npair_localization``, by name,
     with its default (the flags' help says what each means). List flags are tuples."""
+    # Where this experiment words a shared flag's help its own way.
+    FLAG_HELP = {
+        "export": "Export the model as a SavedModel.",
+        "paper_results": "Paper numbers: the pointing accuracy (Table 2 rows), or R@1,R@5,R@10 of image-to-caption "
+                         "then caption-to-image (Table 1 rows)."}
+
 
     # Data.
-    dataset_dir: str = ""
-    caption_format: str = "auto"
-    images_dir: str = ""
-    max_train_images: int = 0
-    max_test_images: int = 0
-    eval_split: str = "test"
-    protocol: str = "folds_100"
-    retrieval_score_dtype: str = "float32"
-    row_kind: str = "model"
-    parse_mode: str = "word"
-    train_parse_mode: str = "word"
-    row_metric: str = "auto"
-    pointing_counting: str = "phrase"
-    point_rule: str = DEFAULT_POINT_RULE
+    dataset_dir: str = flag(
+        "", "Dataset folder (Flickr30K with its Flickr30K Entities Sentences/ and Annotations/, or COCO "
+        "captions for retrieval only), with its images; empty: the embedded dataset.")
+    caption_format: str = flag(
+        "auto", "Caption file layout of --dataset_dir.", enum=("auto", "karpathy", "token", "coco"))
+    images_dir: str = flag(
+        "", "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
+        "<dataset_dir>).")
+    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
+    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
+    eval_split: str = flag("test", "Split to evaluate on.", enum=("val", "test"))
+    protocol: str = flag(
+        "folds_100", "Retrieval protocol: folds_100 (Table 1: galleries of 100 images, averaged), full, coco_1k, "
+        "coco_5k.", enum=("folds_100", "full", "coco_1k", "coco_5k"))
+    retrieval_score_dtype: str = flag(
+        "float32", "Matmul dtype of the S_MaxImage retrieval scores. bfloat16 (aggregator max_image only) is "
+        "~3.5x faster on CPUs with AMX or AVX-512 BF16 (COCO 5K: ~9 instead of ~33 min here) and "
+        "moves rsum by about a point; the paper's figures are float32.", enum=("float32", "bfloat16"))
+    row_kind: str = flag(
+        "model", "model: train and evaluate; untrained: the model without training; random_point, "
+        "centre_point, channel_mean: pointing baselines of Table 2.",
+        enum=("model", "untrained", "random_point", "centre_point", "channel_mean"))
+    parse_mode: str = flag(
+        "word", "Pointing game heat map of a phrase: the mean of its words' maps (word) or the map of one "
+        "token from the mean of its word vectors (phrase).", enum=("word", "phrase"))
+    train_parse_mode: str = flag(
+        "word", "Training captions: word by word (the caption file), or phrase-parsed Flickr30K Entities "
+        "sentences with each annotated phrase one input, the mean of its word vectors (the authors' "
+        "code's parse_mode='phrase').", enum=("word", "phrase"))
+    row_metric: str = flag(
+        "auto", "What the row reports: pointing (Table 2: its pointing accuracy, which needs the Flickr30K "
+        "Entities Sentences/ and Annotations/; refused without them), retrieval (Table 1), or auto "
+        "(retrieval, and the pointing game when the folder has the Entities; the record says when it "
+        "has not).", enum=("auto", "pointing", "retrieval"))
+    pointing_counting: str = flag(
+        "phrase", "phrase: one trial per phrase, a hit inside any of its boxes (the paper); per_box: one trial "
+        "per ground-truth box (the authors' code).", enum=("phrase", "per_box"))
+    point_rule: str = flag(
+        DEFAULT_POINT_RULE, "cell_centre: the centre of the map's arg-max cell (the paper); argmax: the first maximal "
+        "pixel of the upsampled map (the code). Rows record both.", enum=("cell_centre", "argmax"))
     # Text.
-    word_vectors: str = ""
-    word_dim: int = 300
-    max_words: int = 20
-    train_word_vectors: bool = False
+    word_vectors: str = flag(
+        "", "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
+        "training captions.")
+    word_dim: int = flag(300, "Word vector size (GloVe: 300).", lower_bound=2)
+    max_words: int = flag(
+        20, "Words per caption (longer: not trained on, clipped in evaluation).", lower_bound=1)
+    train_word_vectors: bool = flag(False, "Fine-tune the word vectors (the code: GloVe fixed).")
     # Image.
-    features_cache: str = ""
-    image_backbone: str = "scene_cnn"
-    backbone_weights: str = ""
-    scene_cnn_epochs: int = 12
-    feature_dtype: str = "float32"
-    backbone_maps: tuple[str, ...] = ()
-    train_backbone: bool = False
+    features_cache: str = flag("", "Where backbone maps are cached (default <dataset_dir>/features).")
+    image_backbone: str = flag(
+        "scene_cnn", "CNN of the spatial map (vgg19: block5_conv4; scene_cnn: trained on the training images).",
+        enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
+    backbone_weights: str = flag("", "Local ImageNet weights file of the backbone.")
+    scene_cnn_epochs: int = flag(12, "Epochs of the scene_cnn backbone.", lower_bound=1)
+    feature_dtype: str = flag(
+        "float32", "Storage dtype of feature caches: float16 halves disk and RAM for large datasets (rows are "
+        "cast back to float32 in each batch).", enum=("float32", "float16"))
+    backbone_maps: tuple[str, ...] = flag(
+        (), "Precomputed backbone maps per split, split=path pairs (train=maps.npy,test=...): (images, h, "
+        "w, C) .npy or sharded row-array folders, one row per image in split order, float32 or "
+        "float16, memory-mapped (no backbone runs).")
+    train_backbone: bool = flag(False, "Train the CNN end to end (the paper) instead of on its cached maps.")
     # Model and loss.
-    embed_dim: int = 1024
-    projection_kernel: int = 3
-    projection: str = "conv"
-    loss: str = "npair"
-    aggregator: str = "max_image"
-    token_average: str = "real"
-    normalisation: str = "vector"
-    temperature: float = DEFAULT_TEMPERATURE
-    margin: float = 0.1
+    embed_dim: int = flag(1024, "d: channels of the projected map and the LSTM size.", lower_bound=1)
+    projection_kernel: int = flag(3, "Projection kernel size (the code: 3).", lower_bound=1)
+    projection: str = flag(
+        "conv", "conv: a projection_kernel² convolution (the code; it can translate the map); centred: a 1x1 "
+        "convolution of each cell beside its neighbourhood's mean (it cannot).", enum=("conv", "centred"))
+    loss: str = flag(
+        "npair", "N-pair loss (eqs. 5-7) or triplet loss with hardest in-batch negatives (eqs. 2-4).",
+        enum=("npair", "triplet"))
+    aggregator: str = flag(
+        "max_image", "Score from the volume: max_image (eq. 1, S_MaxImage), the code's Max_Text and Avg_Both, or "
+        "its Max_Img as written (max over rows only).",
+        enum=("max_image", "max_text", "mean_all", "max_rows_code"))
+    token_average: str = flag(
+        "real", "Tokens averaged by the score: the caption's words, or all padded positions (the code).",
+        enum=("real", "all"))
+    normalisation: str = flag(
+        "vector", "vector: each a_rc and s_t L2-normalised; map: the code's L2 norms applied (each map and each "
+        "caption matrix, all T positions padding included, to unit norm); none: the code as run.",
+        enum=("vector", "map", "none"))
+    temperature: float = flag(
+        DEFAULT_TEMPERATURE, "Softmax temperature of the N-pair loss (eqs. 5-6 and LocNet: 1).",
+        lower_bound=1e-06)
+    margin: float = flag(0.1, "Triplet margin η (the code: 0.1).", lower_bound=0.0)
     # Training.
-    epochs: int = 10
-    steps_per_epoch: int = 100
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    lr_decay_epochs: int = 10
-    momentum: float = 0.9
-    weight_decay: float = 1e-7
-    paper_dataset: str = "Flickr30K"
-    # Run: distribution, seed, output (common.define_run_flags), --smoke: inherited from RunRecipe.
+    epochs: int = flag(10, "Epochs (the code: 10).", lower_bound=0)
+    steps_per_epoch: int = flag(100, "Steps per epoch (the code: 100).", lower_bound=1)
+    batch_size: int = flag(64, "Image–caption pairs per batch, distinct images.", lower_bound=2)
+    learning_rate: float = flag(1e-3, "SGD learning rate (the code: 1e-3).", lower_bound=0.0)
+    lr_decay_epochs: int = flag(10, "The rate is multiplied by 0.1 every this many epochs.", lower_bound=1)
+    momentum: float = flag(0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0)
+    weight_decay: float = flag(1e-7, "SGD weight decay (the code: 1e-7).", lower_bound=0.0)
+    paper_dataset: str = flag("Flickr30K", "Dataset of the paper numbers.")
+    # Run: distribution, seed, output, --smoke: inherited from RunRecipe.
     # The table runner (--rows).
-    rows: tuple[str, ...] = ()
-    runs_dir: str = ""
-    resume: bool = True
+    rows: tuple[str, ...] = flag((), "Row flagfiles to run ('all': every das_*.cfg); prints Tables 2 and 1.")
+    runs_dir: str = flag(
+        "", "Parent folder of the rows' run folders, each named after its flagfile (default runs/ in the "
+        "repository).")
+    resume: bool = flag(
+        True, "Reuse rows that finished earlier with the same arguments (<run folder>/results.json and "
+        "table_row.json); --noresume runs them again.")
 
 
 # ---------------------------------------------------------------------------- data
@@ -267,7 +337,7 @@ def summary(record: dict, recipe: NPairRecipe) -> None:
 # ---------------------------------------------------------------------------- a finished run
 
 
-def run_recipe(run: Run) -> NPairRecipe:
+def recipe_of_run(run: Run) -> NPairRecipe:
     """The recipe of a loaded N-pair run (from its results.json)."""
     return NPairRecipe.from_record(run.results or {})
 
@@ -313,3 +383,121 @@ def load_npair_run(run_dir: pathlib.Path, checkpoint: str = "latest") -> Run:
     protocol = results.get("protocol") or recipe.protocol
     return Run(run_dir, NPairLocalizationConfig.FAMILY, model, run_config, results,
                split_reader=lambda run: evaluation_split(recipe, data, vocabulary, protocol=protocol))
+
+
+# The embedded scenes (6×6×128 scene-CNN maps, ~130 words): the paper's structure at a few CPU minutes a
+# row; the "centred" projection (S_MaxImage is blind to the translation a 3x3 one learns) and fine-tuned
+# word vectors (the PPMI-SVD digit words are nearly one vector) make its maps localize (BUILD_NOTES.md).
+EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 6, "lr_decay_epochs": 4,
+                    "learning_rate": 0.01, "projection": "centred", "train_word_vectors": True}
+
+
+def train_model(recipe: NPairRecipe, typed: dict, data: NPairData, model, config, strategy,
+           run_dir: pathlib.Path) -> dict:
+    """Trains the model on the row's training captions; returns the loss history."""
+    steps, splits, text = recipe.steps_per_epoch, data.splits, data.text
+    train = text.splits["train"]
+    if recipe.train_backbone:
+        image_inputs = split_images(data.layout, splits["train"], int(data.backbone.input.shape[1]),
+                                    features_cache(recipe, data.source))
+        image_key = "image"
+    else:
+        image_inputs, image_key = data.maps["train"], "backbone_map"
+    captions, token_key, caption_image = train.token_ids, "token_ids", splits["train"].caption_image
+    if recipe.train_parse_mode == "phrase":
+        if data.layout.entities_dir is None:
+            raise UserInputError(f"{data.source}: --train_parse_mode=phrase needs the Flickr30K Entities "
+                                        "Sentences/ and Annotations/ of the training images")
+        train = phrase_parsed_captions(data.layout.entities_dir, splits["train"].image_ids, text.vocabulary,
+                                       text.word_matrix, recipe.max_words)
+        captions, token_key, caption_image = train.word_inputs, "word_inputs", train.caption_image
+    with strategy.scope():
+        schedule = keras.optimizers.schedules.ExponentialDecay(recipe.learning_rate, recipe.lr_decay_epochs * steps,
+                                                               0.1, staircase=True)
+        optimizer = keras.optimizers.SGD(schedule, momentum=recipe.momentum,
+                                         weight_decay=recipe.weight_decay or None)
+        model.compile(optimizer=optimizer, jit_compile=recipe.jit_compile, run_eagerly=recipe.run_eagerly)
+    tcfg = train_config(recipe, epochs=recipe.epochs, learning_rate=recipe.learning_rate, optimizer="sgd")
+
+    def dataset(start_step=0):
+        return npair_batches.train_dataset(image_inputs, captions, train.token_mask, caption_image,
+                                           train.trainable, batch_size=recipe.batch_size, seed=recipe.seed,
+                                           start_step=start_step, image_key=image_key, token_key=token_key)
+
+    trainer.prepare_run_dir(run_dir, {"model": config.to_dict(), "train": tcfg.__dict__, "typed_flags": typed,
+                                      "recipe": recipe.to_dict(), "task": "npair_localization"})
+    model.save_config(run_dir / config.FILE_NAME, vocabulary=text.vocabulary)
+    trained = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps, epochs=recipe.epochs)
+    return {k: [float(x) for x in v] for k, v in trained.history.items()}
+
+
+def run(recipe: NPairRecipe, typed: dict | None = None, flagfile: str | None = None) -> dict:
+    """Runs one row in `recipe.run_dir` (else ``runs/<flagfile stem>``); returns results.json's record."""
+    start, typed, recipe = time.time(), typed or {}, dataclasses.replace(recipe)   # resolve_protocol may set it
+    row_name = recipe.row_name or "npair_localization"
+    if recipe.retrieval_score_dtype != "float32" and recipe.aggregator != "max_image":
+        # Said before training, not after it: the packed scorer is S_MaxImage's alone.
+        raise UserInputError(f"--retrieval_score_dtype={recipe.retrieval_score_dtype} needs "
+                                    f"--aggregator=max_image (got {recipe.aggregator})")
+    run_dir = pathlib.Path(recipe.run_dir) if recipe.run_dir else table_runner.run_folder(None, flagfile, row_name)
+    baseline = recipe.row_kind in BASELINE_KINDS
+    source, layout = dataset_layout(recipe)
+    reason = uncomputable_metric(recipe, layout, source)
+    if reason:
+        raise UserInputError(reason)
+    data = load_data(recipe, need_text=not baseline)
+    evaluation = data.splits[recipe.eval_split]
+    # Checked before training; the pointing baselines have no retrieval.
+    protocol = {"protocol": None} if baseline else resolve_protocol(
+        recipe, evaluation.num_images, split=f"the {recipe.eval_split} split")
+    queries = evaluation_queries(layout, evaluation)
+    record = {"row": row_name, "task": "npair_localization", "row_kind": recipe.row_kind, "dataset": str(source),
+              "typed_flags": typed, "recipe": recipe.to_dict(), "run_dir": str(run_dir),
+              "paper": paper_numbers(recipe.paper_results), "paper_dataset": recipe.paper_dataset,
+              "paper_protocol": recipe.paper_protocol, "row_metric": reported_metric(recipe),
+              "num_train_images": data.splits["train"].num_images, "num_eval_images": evaluation.num_images,
+              "num_eval_captions": evaluation.num_captions, **split_record(protocol, evaluation),
+              "num_pointing_queries": None if queries is None else len(queries),
+              "phrase_fingerprint": None if queries is None else phrase_fingerprint(queries)}
+    if queries is None:
+        record["pointing_not_computed"] = (f"{source} has no Flickr30K Entities Sentences/ and Annotations/ "
+                                           "folders: retrieval only")
+    if baseline:
+        record["pointing"] = {"baseline": baseline_pointing(recipe, data, queries)}
+        summary(record, recipe)
+        record["seconds"] = time.time() - start
+        write_json(recipe.out_json or run_dir / "results.json", record)
+        return record
+
+    text = data.text
+    config = build_config(recipe, text, data.maps)
+    strategy = setup_training(recipe)
+    with strategy.scope():
+        model = build_npair_model(config, text.word_matrix, backbone=data.backbone)
+    record["history"] = {}
+    if recipe.row_kind == "model" and recipe.epochs:
+        record["history"] = train_model(recipe, typed, data, model, config, strategy, run_dir)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        model.save_config(run_dir / config.FILE_NAME, vocabulary=text.vocabulary)
+        model.save_weights(run_dir / "untrained.weights.h5")
+    protocols = list(dict.fromkeys([recipe.protocol] + (["folds_100"] if evaluation.num_images >= 100 else [])))
+    # The model's evaluate: the split's maps and token vectors are written once to a temporary
+    # folder of the run, chunk by chunk, and read by every protocol and the pointing game.
+    split = evaluation_split(recipe, data, text.vocabulary, tokens=text.splits[recipe.eval_split],
+                                   queries=queries)
+    record.update(model.evaluation_results(split, protocols=protocols, work_dir=run_dir))
+    # Per evaluated protocol: a row sharing this model under another protocol takes its own.
+    record["random_baselines"] = {p: retrieval.random_baseline_metrics(
+        evaluation.num_images, evaluation.caption_image, protocol=p, seed=recipe.seed) for p in protocols}
+    record["random_baseline"] = record["random_baselines"][recipe.protocol]
+    summary(record, recipe)
+    logging.info("%s: %s", row_name, {k: round(v, 2) for k, v in record["metrics"].items()})
+    if recipe.export and is_chief() and recipe.row_kind == "model":
+        from tf_twobranch.systems.npair.export import export_npair_model
+        record["export_dir"] = str(export_npair_model(
+            model, run_dir / "export", vocabulary=text.vocabulary, point_rule=recipe.point_rule,
+            run_config={"model": config.to_dict(), "typed_flags": typed, "recipe": recipe.to_dict()}))
+    record["seconds"] = time.time() - start
+    write_json(recipe.out_json or run_dir / "results.json", record)
+    return record

@@ -26,7 +26,7 @@ from tf_twobranch.features.prepare import (FeatureSpec, prepare_retrieval_featur
 from tf_twobranch.systems.two_branch.losses import check_top_k_fits_batch
 from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
-from tf_twobranch.recipes import RunRecipe, prepare_recipe
+from tf_twobranch.recipes import RunRecipe, flag, prepare_recipe
 from tf_twobranch.run_loading import record_feature_split
 from tf_twobranch.systems.two_branch import sampling
 from tf_twobranch.tables import (format_retrieval_table, is_smoke, paper_beside_record, paper_numbers,
@@ -59,48 +59,72 @@ EMBEDDED_PROFILE = {"word_dim": 50, "learning_rate_scale": 3.0, "epochs": 10, "t
 @dataclasses.dataclass
 class RetrievalRecipe(RunRecipe):
     """One image-sentence retrieval row (fields: the flags of experiments.image_sentence_retrieval)."""
-    dataset_dir: str = ''
-    caption_format: str = 'auto'
-    images_dir: str = ''
-    max_train_images: int = 0
-    max_test_images: int = 0
-    image_features_train: str = ''
-    text_features_train: str = ''
-    image_features_test: str = ''
-    text_features_test: str = ''
-    features_cache: str = ''
-    image_backbone: str = 'scene_cnn'
-    backbone_weights: str = ''
-    scene_cnn_epochs: int = 12
-    text_encoder: str = 'fisher_hglmm'
-    word_vectors: str = ''
-    word_dim: int = 300
-    pca_dim: int = 6000
-    feature_dtype: str = 'float32'
-    ten_crop: bool = True
-    protocol: str = 'full'
-    model: str = 'embedding'
-    branch: str = 'nonlinear'
-    layout: str = 'original'
-    hidden_dim: int = 2048
-    embed_dim: int = 512
-    dropout: float = 0.5
-    margin: float = 0.05
-    top_k: int = 10
-    image_anchor_weight: float = 1.0
-    text_anchor_weight: float = 1.5
-    text_neighbour_weight: float = 0.05
-    batch_size: int = 500
-    cca_components: int = 512
-    epochs: int = 20
-    learning_rate: float = 0.0001
-    sample_size: int = 2
-    unique_images: bool = False
-    lstm_units: int = 512
-    word_embedding_dim: int = 256
-    learning_rate_scale: float = 1.0
-    lr_schedule: str = 'none'
-    paper_dataset: str = 'Flickr30K'
+    dataset_dir: str = flag('', "Dataset folder; empty: the embedded dataset.")
+    caption_format: str = flag(
+        'auto', "Caption file layout of --dataset_dir.",
+        enum=("auto", "karpathy", "token", "coco", "precomp"))
+    images_dir: str = flag(
+        '', "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
+        "<dataset_dir>).")
+    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
+    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
+    image_features_train: str = flag(
+        '', "Precomputed train image features (.npy/.mat/.h5, (N, D), one row per image in caption "
+        "order).")
+    text_features_train: str = flag(
+        '', "Precomputed train sentence features (.npy/.mat/.h5; column-major HDF5 accepted).")
+    image_features_test: str = flag(
+        '', "Precomputed test image features (.npy/.mat/.h5, (N, D), one row per image in caption order).")
+    text_features_test: str = flag(
+        '', "Precomputed test sentence features (.npy/.mat/.h5; column-major HDF5 accepted).")
+    features_cache: str = flag('', "Where computed features are cached (default <dataset_dir>/features).")
+    image_backbone: str = flag(
+        'scene_cnn', "CNN for image features.", enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
+    backbone_weights: str = flag('', "Local ImageNet weights file of the backbone.")
+    scene_cnn_epochs: int = flag(
+        12, "Epochs of the scene_cnn backbone trained on the training images and captions.", lower_bound=1)
+    text_encoder: str = flag(
+        'fisher_hglmm', "Sentence representation.",
+        enum=("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm"))
+    word_vectors: str = flag(
+        '', "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
+        "training captions.")
+    word_dim: int = flag(300, "Size of word vectors trained on the captions.", lower_bound=2)
+    pca_dim: int = flag(6000, "PCA size of Fisher vectors larger than this.", lower_bound=1)
+    feature_dtype: str = flag(
+        'float32', "Storage dtype of feature caches: float16 halves disk and RAM for large datasets (rows are "
+        "cast back to float32 in each batch).", enum=("float32", "float16"))
+    ten_crop: bool = flag(True, "Average features over the paper's ten crops.")
+    protocol: str = flag('full', "Test protocol.", enum=("full", "flickr30k_1k", "coco_1k", "coco_5k"))
+    model: str = flag('embedding', "Which model.", enum=("embedding", "similarity", "cca"))
+    branch: str = flag('nonlinear', "Branch structure.", enum=("nonlinear", "linear"))
+    layout: str = flag(
+        'original', "original: FC-BN-ReLU-Dropout-FC (reference code); paper: FC-ReLU-Dropout-FC-BN (TPAMI "
+        "§3.2.1).", enum=("original", "paper"))
+    hidden_dim: int = flag(2048, "First FC layer size of each branch.", lower_bound=1)
+    embed_dim: int = flag(512, "Embedding size.", lower_bound=1)
+    dropout: float = flag(0.5, "Dropout after the ReLU.", lower_bound=0.0, upper_bound=0.95)
+    margin: float = flag(0.05, "Ranking margin m.", lower_bound=0.0)
+    top_k: int = flag(10, "K most violating in-batch negatives per anchor.", lower_bound=1)
+    image_anchor_weight: float = flag(1.0, "λ1 (image target).", lower_bound=0.0)
+    text_anchor_weight: float = flag(1.5, "λ2 (sentence target); 0 = single-directional.", lower_bound=0.0)
+    text_neighbour_weight: float = flag(0.05, "λ4 (sentence neighbourhood constraint).", lower_bound=0.0)
+    batch_size: int = flag(500, "Images per batch.", lower_bound=2)
+    cca_components: int = flag(512, "CCA dimensions (model=cca).", lower_bound=1)
+    epochs: int = flag(20, "Training epochs.", lower_bound=1)
+    learning_rate: float = flag(0.0001, "Adam learning rate.", lower_bound=0.0)
+    sample_size: int = flag(
+        2, "Sentences per image in a batch; >= 2 is neighbourhood sampling.", lower_bound=1)
+    unique_images: bool = flag(
+        False, "Draw distinct images per batch instead of the original's shuffled-caption anchors.")
+    lstm_units: int = flag(512, "LSTM size (text_encoder=lstm).", lower_bound=1)
+    word_embedding_dim: int = flag(256, "Word embedding size (LSTM).", lower_bound=1)
+    learning_rate_scale: float = flag(
+        1.0, "Multiplies --learning_rate (the embedded dataset's profile uses 3: it has ~25 steps per "
+        "epoch, not ~300).", lower_bound=0.0)
+    lr_schedule: str = flag(
+        'none', "none: as the reference code (its decay is never applied).", enum=("none", "exponential"))
+    paper_dataset: str = flag('Flickr30K', "Dataset the paper numbers are for.")
 
 def dataset_layout(r):
     """The dataset folder (--dataset_dir, else the embedded dataset), checked and resolved once."""

@@ -27,7 +27,7 @@ from tf_twobranch.features.prepare_regions import (RegionFeatureSpec, phrase_loc
                                                    prepare_phrase_localization)
 from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
-from tf_twobranch.recipes import RunRecipe, prepare_recipe
+from tf_twobranch.recipes import RunRecipe, flag, prepare_recipe
 from tf_twobranch.systems.two_branch import region_phrase_sampling as sampling
 from tf_twobranch.tables import SMOKE_LINE, is_smoke, localization_paper_beside, paper_numbers
 from tf_twobranch.training import trainer
@@ -56,46 +56,76 @@ EMBEDDED_PROFILE = {"word_dim": 50, "negatives_per_phrase": 20, "max_train_image
 @dataclasses.dataclass
 class LocalizationRecipe(RunRecipe):
     """One phrase-localization row (fields: the flags of experiments.phrase_localization)."""
-    dataset_dir: str = ''
-    images_dir: str = ''
-    max_train_images: int = 0
-    max_test_images: int = 0
-    proposals: str = ''
-    max_proposals: int = 200
-    clip_proposals: bool = False
-    features_cache: str = ''
-    image_backbone: str = 'scene_cnn'
-    backbone_weights: str = ''
-    scene_cnn_epochs: int = 12
-    text_encoder: str = 'fisher_hglmm'
-    word_vectors: str = ''
-    word_dim: int = 300
-    pca_dim: int = 6000
-    model: str = 'embedding'
-    branch: str = 'nonlinear'
-    layout: str = 'original'
-    hidden_dim: int = 1024
-    embed_dim: int = 512
-    dropout: float = 0.0
-    margin: float = 0.05
-    top_k: int = 30
-    image_anchor_weight: float = 1.0
-    text_anchor_weight: float = 4.0
-    text_neighbour_weight: float = 0.1
-    batch_size: int = 100
-    cca_components: int = 512
-    epochs: int = 8
-    learning_rate: float = 0.001
-    similarity_head_layers: int = 3
-    augment_positives: bool = True
-    neighbourhood_sampling: bool = False
-    neighbourhood_constraints: bool = False
-    image_neighbour_weight: float = 0.1
-    negatives_per_phrase: int = 0
-    max_positives_per_phrase: int = 0
-    constraint_epochs: int = 2
-    hard_negative_epochs: int = 0
-    max_hard_negatives: int = 50
+    # Where this experiment words a shared flag's help its own way.
+    FLAG_HELP = {
+        "export": "Write the end-to-end SavedModel (image bytes, proposals and phrases -> scores; signature "
+                  "score_proposals) to <run_dir>/export.",
+        "paper_results": "The paper's R@1,R@5,R@10 for this row (fewer when the paper gives fewer)."}
+
+    dataset_dir: str = flag('', "Flickr30K Entities-style folder; empty: the embedded dataset.")
+    images_dir: str = flag(
+        '', "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
+        "<dataset_dir>).")
+    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
+    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
+    proposals: str = flag(
+        '', "Proposals file/folder (default <dataset_dir>/proposals.h5, generated with the built-in "
+        "generator when absent).")
+    max_proposals: int = flag(200, "Proposals ranked per image (the paper: 200 EdgeBoxes).", lower_bound=1)
+    clip_proposals: bool = flag(
+        False, "Clip proposals that stick out of their image (for crops and IoU alike, count logged); "
+        "default: such a file is refused as being at the wrong scale.")
+    features_cache: str = flag('', "Where computed features are cached (default <dataset_dir>/features).")
+    image_backbone: str = flag(
+        'scene_cnn', "CNN for the single-crop region features.",
+        enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
+    backbone_weights: str = flag('', "Local ImageNet weights file of the backbone.")
+    scene_cnn_epochs: int = flag(
+        12, "Epochs of the scene_cnn backbone trained on the training images and captions.", lower_bound=1)
+    text_encoder: str = flag(
+        'fisher_hglmm', "Phrase representation (fitted on the training phrases).",
+        enum=("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf"))
+    word_vectors: str = flag(
+        '', "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
+        "training captions.")
+    word_dim: int = flag(300, "Size of word vectors trained on the captions.", lower_bound=2)
+    pca_dim: int = flag(6000, "PCA size of Fisher vectors larger than this.", lower_bound=1)
+    model: str = flag('embedding', "Which model.", enum=("embedding", "similarity", "cca"))
+    branch: str = flag('nonlinear', "Branch structure.", enum=("nonlinear", "linear"))
+    layout: str = flag(
+        'original', "original: FC-BN-ReLU-FC (reference code; linear = FC-L2 as §4.2); paper: FC-ReLU-FC-BN.",
+        enum=("original", "paper"))
+    hidden_dim: int = flag(1024, "First FC layer size of each branch.", lower_bound=1)
+    embed_dim: int = flag(512, "Embedding size.", lower_bound=1)
+    dropout: float = flag(0.0, "Dropout after the ReLU.", lower_bound=0.0, upper_bound=0.95)
+    margin: float = flag(0.05, "Ranking margin m.", lower_bound=0.0)
+    top_k: int = flag(30, "K violating triplets kept per positive pair.", lower_bound=1)
+    image_anchor_weight: float = flag(1.0, "λ1: region-anchor term; 0 = single-directional.", lower_bound=0.0)
+    text_anchor_weight: float = flag(4.0, "λ2: phrase-anchor (phrase-to-region) term.", lower_bound=0.0)
+    text_neighbour_weight: float = flag(
+        0.1, "λ4 (used only with --neighbourhood_constraints).", lower_bound=0.0)
+    batch_size: int = flag(100, "Ground-truth region–phrase pairs per batch.", lower_bound=2)
+    cca_components: int = flag(512, "CCA dimensions (model=cca).", lower_bound=1)
+    epochs: int = flag(8, "Epochs of the first stage.", lower_bound=1)
+    learning_rate: float = flag(0.001, "Adam learning rate (§4.3).", lower_bound=0.0)
+    similarity_head_layers: int = flag(
+        3, "FC layers after the element-wise product (1: 512→1, 2: 512→512→1, 3: 512→512→256→1).",
+        lower_bound=1, upper_bound=3)
+    augment_positives: bool = flag(True, "Positive region augmentation (IoU >= 0.7).")
+    neighbourhood_sampling: bool = flag(False, "Algorithm 1 step 3c.")
+    neighbourhood_constraints: bool = flag(
+        False, "Switch on λ3/λ4 for the --constraint_epochs stage (needs neighbourhood sampling).")
+    image_neighbour_weight: float = flag(
+        0.1, "λ3 (used only with --neighbourhood_constraints).", lower_bound=0.0)
+    negatives_per_phrase: int = flag(
+        0, "Cap on IoU<0.3 regions drawn per coreference chain (0 = all, as the paper).", lower_bound=0)
+    max_positives_per_phrase: int = flag(
+        0, "Similarity network: positives kept per pair (0 = all).", lower_bound=0)
+    constraint_epochs: int = flag(
+        2, "Further epochs with λ3/λ4 on (only with --neighbourhood_constraints).", lower_bound=0)
+    hard_negative_epochs: int = flag(
+        0, "CVPR 2016 stage: epochs after mining hard negatives (bi-directional terms only).", lower_bound=0)
+    max_hard_negatives: int = flag(50, "Hard negatives kept per unique phrase.", lower_bound=1)
 
 def prepare(r, typed: dict | None = None):
     """(the recipe with the embedded profile and --smoke applied, what they changed)."""
