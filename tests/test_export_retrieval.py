@@ -145,3 +145,20 @@ def test_dual_path_retrieve_is_the_core_ranking(tmp_path):
     index = serving.call_signature(loaded, "retrieve_images", captions=captions, k=np.int32(8))["image_index"]
     np.testing.assert_array_equal(1 + np.argmax(index.numpy() == caption_image[:, None], axis=1), t2i_core)
     serving.replay_warmup_file(path)
+
+
+def test_a_warm_up_request_of_another_dtype_is_refused_before_it_is_written():
+    # TF Serving feeds the warm-up file's tensors as written: an int64 k for the int32 input of
+    # retrieve_captions fails the served model's warm-up, so the export refuses to write it.
+    from tf_twobranch.errors import ConfigError
+    from tf_twobranch.export.saved_model import warmup_jpeg
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_jpeg"),
+                                  tf.TensorSpec([], tf.int32, name="k")])
+    def retrieve(image_jpeg, k):
+        return {"n": tf.size(image_jpeg) + k}
+
+    request = {"image_jpeg": [warmup_jpeg(8, 8)]}
+    assert serving.run_warmup_requests({"r": retrieve}, [("r", {**request, "k": np.int32(1)})])
+    with pytest.raises(ConfigError, match="input 'k' is int64, the signature takes int32"):
+        serving.run_warmup_requests({"r": retrieve}, [("r", {**request, "k": 1})])

@@ -17,6 +17,7 @@ from tf_twobranch.runs import load_run
 
 from fifth_system import experiment
 from fifth_system.system import FLAGFILE, SYSTEM
+from system_contract import check_system_contract
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,10 @@ def test_export_run_writes_a_servable_model_with_its_gallery(row, tmp_path):
         serving.call_signature(loaded, "embed_texts", captions=tf.constant([""]))
 
 
+def test_it_keeps_the_contract_every_system_keeps(registered, dataset, tmp_path):
+    check_system_contract(SYSTEM, dataset, tmp_path)
+
+
 def test_the_leaderboard_compares_it(registered, dataset, tmp_path):
     fv = flags.FlagValues()
     leaderboard.define_flags(fv)
@@ -88,3 +93,4 @@ def test_conventions_list_every_file_the_fifth_system_needed():
     files = sorted(p.name for p in (root / "tests" / "fifth_system").iterdir()
                    if p.is_file() and p.name != "__init__.py")
     assert files and all(f"`{name}`" in conventions for name in files), files
+

@@ -55,7 +55,7 @@ class MeanVectorServingModule(TowerServingModule):
         request = {"image_jpeg": [warmup_jpeg(self.size, self.size)], "captions": ["a red square"]}
         out = [("score", request)]
         if self.has_gallery:
-            out.append(("retrieve_captions", {"image_jpeg": request["image_jpeg"], "k": 1}))
+            out.append(("retrieve_captions", {"image_jpeg": request["image_jpeg"], "k": np.int32(1)}))
         return out
 
     def query_image(self, image_jpeg):

@@ -39,4 +39,5 @@ SYSTEM = System(
     tasks=(MEAN_VECTORS,), load=load, export=export, gallery=gallery,
     leaderboard=(LeaderboardLine("mean_vectors", "Mean word vectors (fifth system)", "tests/fifth_system",
                                  LeaderboardRun(MEAN_VECTORS.name, FLAGFILE, LEADERBOARD_RETRIEVAL_FLAGS),
-                                 no_grounding="one vector per image: no regions, no heat maps"),))
+                                 no_grounding="one vector per image: no regions, no heat maps"),),
+    smoke_row=LeaderboardRun(MEAN_VECTORS.name, FLAGFILE, ("--noexport",)))

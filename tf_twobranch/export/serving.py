@@ -919,8 +919,16 @@ def run_warmup_requests(signatures: Mapping[str, object],
         if set(names) != set(inputs):
             raise ConfigError(f"warm-up request {signature_name!r} has inputs {sorted(inputs)}; "
                               f"the signature expects {sorted(names)}")
-        args = [tf.constant(_as_array(inputs[spec.name], signature_name, spec.name), spec.dtype)
-                for spec in specs]
+        args = []
+        for spec in specs:
+            array = _as_array(inputs[spec.name], signature_name, spec.name)
+            # The file keeps the array's dtype and TF Serving feeds it as is: an int64 `k` for an
+            # int32 input would pass a cast here and fail the served model's warm-up.
+            if array.dtype != object and tf.as_dtype(array.dtype) != spec.dtype:
+                raise ConfigError(f"warm-up request {signature_name!r}: input {spec.name!r} is "
+                                  f"{tf.as_dtype(array.dtype).name}, the signature takes {spec.dtype.name} "
+                                  "(TF Serving feeds the warm-up file's tensors as written)")
+            args.append(tf.constant(array, spec.dtype))
         outputs.append({k: v.numpy() for k, v in function(*args).items()})
     return outputs
 
@@ -934,5 +942,6 @@ def replay_warmup_file(export_dir, loaded=None) -> list[str]:
     loaded = tf.saved_model.load(str(export_dir)) if loaded is None else loaded
     requests = read_warmup_requests(export_dir)
     for signature_name, inputs in requests:
-        call_signature(loaded, signature_name, **inputs)
+        # As written, without the client's conversions: TF Serving feeds the file's tensors.
+        loaded.signatures[signature_name](**{name: tf.constant(value) for name, value in inputs.items()})
     return [name for name, _ in requests]

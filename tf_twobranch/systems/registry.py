@@ -85,6 +85,8 @@ class System:
     its model embeds, as its ``evaluate`` embeds `split`.
     `recognise`: the task of an older folder (no recorded task) from the files only this system's runs write.
     `leaderboard`: its lines in the leaderboard (`experiments.leaderboard`).
+    `smoke_row`: one of its rows at a size the contract test (`tests/test_system_contract.py`) runs
+    in seconds on a small dataset folder (given with --dataset_dir and --run_dir).
     """
     name: str
     paper: str
@@ -97,6 +99,7 @@ class System:
     # written before the task was recorded.
     recognise: Callable[[pathlib.Path, dict, dict], tuple[str, str] | None] = lambda run_dir, results, config: None
     leaderboard: tuple[LeaderboardLine, ...] = ()
+    smoke_row: LeaderboardRun | None = None
 
 
 _SYSTEMS: dict[str, System] = {}

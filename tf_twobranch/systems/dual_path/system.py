@@ -59,4 +59,8 @@ SYSTEM = System(
         LeaderboardLine("dual_path", "Dual-path CNN, Stage II", "dual-path CNN (Zheng Table 1, ResNet-50 row)",
                         LeaderboardRun(DUAL_PATH.name, "zheng_table1_resnet50_stage2", LEADERBOARD_RETRIEVAL_FLAGS),
                         no_grounding="global image and text vectors only: no regions, no heat maps",
-                        position=4),))
+                        position=4),),
+    smoke_row=LeaderboardRun(DUAL_PATH.name, "zheng_table1_resnet50_stage2", (
+        "--max_train_images=24", "--max_test_images=10", "--stage1_epochs=1", "--stage2_epochs=1", "--text_width=2",
+        "--text_blocks=1,1,1,1", "--hidden_dim=16", "--embed_dim=16", "--word_dim=8", "--batch_size=16",
+        "--image_size=32", "--resize_to=36", "--word_init=random", "--run_eagerly", "--verbose=0", "--noexport")))

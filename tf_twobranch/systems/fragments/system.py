@@ -40,4 +40,7 @@ SYSTEM = System(
                         no_grounding="random scores rank captions only (no boxes, no heat maps)", position=0),
         LeaderboardLine("fragments", "Deep fragment embeddings (\u2020 + MIL)", "fragment embeddings (Karpathy Table 3)",
                         LeaderboardRun(FRAGMENTS.name, "karpathy_table3_fragment_global_mil",
-                                       LEADERBOARD_RETRIEVAL_FLAGS), position=5)))
+                                       LEADERBOARD_RETRIEVAL_FLAGS), position=5)),
+    smoke_row=LeaderboardRun(FRAGMENTS.name, "karpathy_table2_fragment_global", (
+        "--word_dim=8", "--embed_dim=16", "--epochs=1", "--batch_size=20", "--scene_cnn_epochs=1", "--verbose=0",
+        "--learning_rate=0.001", "--detections=3", "--global_score=sum", "--noexport")))

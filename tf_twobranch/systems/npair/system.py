@@ -40,4 +40,7 @@ SYSTEM = System(
     load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
         LeaderboardLine("npair", "N-pair phrase localization (word mode)", "N-pair localization (Das Table 2)",
                         LeaderboardRun(NPAIR.name, "das_table2_npair_word",
-                                       (*LEADERBOARD_RETRIEVAL_FLAGS, "--row_metric=auto")), position=6),))
+                                       (*LEADERBOARD_RETRIEVAL_FLAGS, "--row_metric=auto")), position=6),),
+    smoke_row=LeaderboardRun(NPAIR.name, "das_table2_npair_word", (
+        "--word_dim=8", "--embed_dim=8", "--epochs=1", "--steps_per_epoch=2", "--batch_size=16",
+        "--scene_cnn_epochs=1", "--protocol=full", "--run_eagerly", "--verbose=0", "--noexport")))

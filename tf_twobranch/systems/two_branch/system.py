@@ -65,4 +65,7 @@ SYSTEM = System(
         LeaderboardLine("similarity", "Two-branch similarity network", "two-branch (TPAMI Table 2 d)",
                         LeaderboardRun(RETRIEVAL.name, "table2_d_similarity", LEADERBOARD_RETRIEVAL_FLAGS),
                         LeaderboardRun(REGION_PHRASE.name, "table1_c4_similarity_nonlinear_augm_pos",
-                                       LEADERBOARD_REGION_FLAGS), position=3)))
+                                       LEADERBOARD_REGION_FLAGS), position=3)),
+    smoke_row=LeaderboardRun(RETRIEVAL.name, "table2_b6_nonlinear_bidir_nbr_constraints", (
+        "--epochs=1", "--batch_size=20", "--hidden_dim=32", "--embed_dim=16", "--top_k=3", "--scene_cnn_epochs=1",
+        "--word_dim=8", "--verbose=0", "--noexport")))
