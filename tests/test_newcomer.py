@@ -109,3 +109,15 @@ def test_resume_skips_what_passed_at_the_same_commit(tmp_path, monkeypatch):
     assert marks.read_text().split() == ["1", "2"]
     assert newcomer.main(argv) == 0                          # without --resume: everything again
     assert marks.read_text().split() == ["1", "2", "1", "2"]
+
+
+def test_every_gallery_a_command_reads_is_made_above_it():
+    """The newcomer run at 54f6c6f stopped at SERVING.md's ``--gallery_images=photos/
+    --gallery_captions=captions.txt``: no command above it made them."""
+    import re
+    for index, command in enumerate(COMMANDS):
+        for path in re.findall(r"--gallery_(?:images|captions)=(\S+)", command.text):
+            name = path.rstrip("/")
+            above = [c.text for c in COMMANDS[:index] if c.document == command.document]
+            assert any(re.search(rf"['\"> ]{re.escape(name)}\b", text) for text in above), \
+                f"{command.document}:{command.line} reads {path}, which no command above it makes"
