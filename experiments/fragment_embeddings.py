@@ -38,7 +38,7 @@ import sys
 from absl import app, flags
 
 from experiments import common, fragment_tables
-from experiments.fragment_tables import format_record
+from tf_twobranch.systems.fragments.tables import format_record
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.recipes import define_recipe_flags

@@ -1,6 +1,6 @@
 """Distributed training computes what one device computes (issue: scale out).
 
-The end-to-end checks run `tf_twobranch.tools.distributed_check` in
+The end-to-end checks run `tf_twobranch.systems.two_branch.distributed_check` in
 subprocesses: TF fixes its device layout at start-up, and two
 `MultiWorkerMirroredStrategy` workers must be separate processes.
 """
@@ -70,7 +70,7 @@ def test_helpers_are_identity_outside_a_strategy():
 
 
 def _run_check(out, *args, env=None, background=False):
-    cmd = [sys.executable, "-m", "tf_twobranch.tools.distributed_check", f"--out={out}",
+    cmd = [sys.executable, "-m", "tf_twobranch.systems.two_branch.distributed_check", f"--out={out}",
            *args]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     if background:

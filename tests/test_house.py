@@ -12,9 +12,6 @@ REGISTRY = {"tf_twobranch.systems", "tf_twobranch.systems.registry"}
 # The run-level apps: they load, export, compare or check runs of any system.
 APPS = {"tf_twobranch.runs", "tf_twobranch.run_folders", "tf_twobranch.export.run_export",
         "tf_twobranch.export.retrieval", "tf_twobranch.leaderboard", "tf_twobranch.tools.export_run"}
-# Checks of the one trainer that train a real model, the two-branch network's (issue 40: not yet
-# reached through the registry).
-TRAINER_CHECKS = {"tf_twobranch.tools.preemption_check", "tf_twobranch.tools.distributed_check"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -53,7 +50,7 @@ def test_every_system_has_its_folder_and_registers_one_system_object():
 
 def test_no_core_module_imports_a_system():
     for module, path in MODULES.items():
-        if module.startswith("tf_twobranch.systems") or module in APPS | TRAINER_CHECKS:
+        if module.startswith("tf_twobranch.systems") or module in APPS:
             continue
         found = sorted(m for m in _imports(path) if m.startswith("tf_twobranch.systems"))
         assert not found, f"{module} (core) imports {found}"

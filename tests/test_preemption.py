@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tf_twobranch.tools import preemption_check as pc
+from tf_twobranch.systems.two_branch import preemption_check as pc
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-6
@@ -51,7 +51,7 @@ def test_sigkill_mid_epoch_then_same_command_matches_uninterrupted_run(tmp_path)
 
 
 def test_command_line_reports_a_missing_run_dir():
-    proc = subprocess.run([sys.executable, "-m", "tf_twobranch.tools.preemption_check"],
+    proc = subprocess.run([sys.executable, "-m", "tf_twobranch.systems.two_branch.preemption_check"],
                           env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--run_dir is required" in proc.stderr

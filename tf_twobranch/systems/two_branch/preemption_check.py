@@ -7,11 +7,11 @@ through, once killed with SIGKILL and started again — and the two weight
 files should be identical. `--self_test` does exactly that in `--work_dir`
 and prints the largest weight difference:
 
-    python -m tf_twobranch.tools.preemption_check --self_test --work_dir /tmp/pc
+    python -m tf_twobranch.systems.two_branch.preemption_check --self_test --work_dir /tmp/pc
 
 A single training run (what the self-test starts in subprocesses):
 
-    python -m tf_twobranch.tools.preemption_check --run_dir /tmp/pc/run \\
+    python -m tf_twobranch.systems.two_branch.preemption_check --run_dir /tmp/pc/run \\
         --epochs 3 --steps_per_epoch 8 --backup_every_steps 2
 
 Use it to check a machine or file system setup (e.g. a network disk for
@@ -114,7 +114,7 @@ def train_tiny_model(run_dir, *, epochs: int, steps_per_epoch: int, backup_every
 def training_command(run_dir, *, epochs: int = 3, steps_per_epoch: int = 8,
                      backup_every_steps: int = 2, step_delay: float = 0.0) -> list[str]:
     """The command line of one training run (the same for the first start and the restart)."""
-    return [sys.executable, "-m", "tf_twobranch.tools.preemption_check",
+    return [sys.executable, "-m", "tf_twobranch.systems.two_branch.preemption_check",
             f"--run_dir={run_dir}", f"--epochs={epochs}", f"--steps_per_epoch={steps_per_epoch}",
             f"--backup_every_steps={backup_every_steps}", f"--step_delay={step_delay}"]
 

@@ -14,7 +14,7 @@ Usage (one worker of two)::
 
     TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:23456", "127.0.0.1:23457"]},
                 "task": {"type": "worker", "index": 0}}' \\
-    python -m tf_twobranch.tools.distributed_check --strategy=multi_worker --out=w0.npz
+    python -m tf_twobranch.systems.two_branch.distributed_check --strategy=multi_worker --out=w0.npz
 
 `--strategy=mirrored --cpu_replicas=2` splits this machine's CPU into two
 logical devices, for a single-process check.
