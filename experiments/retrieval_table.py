@@ -25,29 +25,10 @@ from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, exit_with_user_error, expand_flagfiles, parse_flags
 from tf_twobranch.data.embedded import default_dataset_dir
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.speed import best_matmul_seconds
+from tf_twobranch.speed import ESTIMATE_SPREAD
+from tf_twobranch.systems.two_branch.pipeline import MAIN_ROWS, format_table, main_job_seconds
 
 FLAGS = flags.FLAGS
-# The rows the default run trains (each under ~1 minute on the embedded data).
-MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
-
-# Seconds of the default job's phases on the machine of BUILD_NOTES.md ("Main job
-# time", session 9: the quiet cold run, 2-core AVX-512 EPYC), whose TensorFlow
-# matmul probe (`_matmul_gflops`) read about REFERENCE_GFLOPS; the estimate scales
-# them by this machine's probe. "row" is any row outside the default six (LSTM,
-# single-directional).
-REFERENCE_GFLOPS = 190.0
-REFERENCE_SECONDS = {"dataset": 12, "features": 99, "_a1_": 2, "_b2_": 16, "_b4_": 32,
-                     "_b5_": 45, "_b6_": 55, "_d_": 76, "row": 80}
-# Most of the job does not speed up with the matmul probe: on an AMX machine whose probe
-# read 369 GFLOP/s (1.94x the reference) the job took 298 s, 0.88x the reference's 339 s
-# (session 13). So a faster probe is credited down to this factor only, and the printed
-# range (SPREAD) covers the AVX2 machines, where the job ran up to ~1.2x slower than the
-# probe predicts.
-FASTEST_FACTOR = 0.85
-SPREAD = 1.3
-
-
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     """The runner's own flags; every other flag goes to the rows (see `_row_overrides`)."""
     d = dict(flag_values=fv)
@@ -64,26 +45,6 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                         "the repository).", **d)
 
 
-def _matmul_gflops() -> float:
-    """A quick (~0.1 s) probe of this machine's speed: the best of a few float32 `tf.matmul`s.
-
-    TensorFlow's matmul (oneDNN on the package's default) is what the rows
-    run; numpy's BLAS ranks machines differently (with TensorFlow loaded it
-    read 135 GFLOP/s on a machine whose TensorFlow matmul reads 200).
-    """
-    return 2 * 1024 ** 3 / best_matmul_seconds(1024, 1024, 1024, warmups=3, repeats=8) / 1e9
-
-
-def estimate_seconds(configs, dataset_ready: bool, features_ready: bool) -> float:
-    """The default job's expected wall time on this machine (embedded data)."""
-    total = (0 if dataset_ready else REFERENCE_SECONDS["dataset"]) + \
-        (0 if features_ready else REFERENCE_SECONDS["features"])
-    for cfg in configs:
-        key = next((k for k in MAIN_ROWS if k in cfg.stem), "row")
-        total += REFERENCE_SECONDS[key]
-    return total * max(REFERENCE_GFLOPS / max(_matmul_gflops(), 1e-3), FASTEST_FACTOR)
-
-
 def _print_estimate(configs, overrides) -> None:
     if any(_flag_name(o) == "dataset_dir" for o in overrides):
         print(f"Estimated time: depends on your dataset's size ({len(configs)} rows).", flush=True)
@@ -91,8 +52,8 @@ def _print_estimate(configs, overrides) -> None:
     dataset = default_dataset_dir()
     dataset_ready = (dataset / "MANIFEST.json").exists()
     features_ready = dataset_ready and any((dataset / "features").glob("image_scene_cnn_*"))
-    seconds = estimate_seconds(configs, dataset_ready, features_ready)
-    low, high = seconds / 60, seconds * SPREAD / 60
+    seconds = main_job_seconds(configs, dataset_ready, features_ready)
+    low, high = seconds / 60, seconds * ESTIMATE_SPREAD / 60
     print(f"Estimated time on this machine: {low:.0f}–{max(high, low + 1):.0f} min for {len(configs)} rows"
           f"{'' if features_ready else ' (first run: dataset and features are computed and cached)'}.",
           flush=True)
@@ -111,25 +72,6 @@ def _expanded_argv(argv: list[str]) -> list[str]:
 def _row_overrides(argv: list[str]) -> list[str]:
     """Flags that belong to the rows: everything the runner (and absl) does not define."""
     return table_runner.row_arguments(argv[1:], list(FLAGS))
-
-
-def format_table(records: list[dict], table: str) -> str:
-    """The rows' table, one per protocol and test split (rows are compared only on the same
-    split): each row beside the paper's numbers measured under its protocol, then chance."""
-    tables = []
-    for group in common.groups_by_test_split(records):
-        first = group[0]
-        title = common.table_title(
-            f"Table {table}-style bi-directional retrieval", dataset=first["dataset_dir"],
-            protocol=first["protocol"], num_images=first["num_test_images"],
-            num_captions=first["num_test_captions"], paper=any(r["paper"] for r in group),
-            paper_dataset=first["paper_dataset"], paper_protocol=first["paper_protocol"],
-            smoke=any(common.is_smoke(r) for r in group))
-        rows = [{"name": r["row"], "metrics": r["metrics"], "paper": common.paper_beside_record(r)} for r in group]
-        notes = sorted({r["protocol_note"] for r in group if r.get("protocol_note")})
-        tables.append("\n".join([common.format_retrieval_table(title, rows, chance=first["random_baseline"]),
-                                  *(f"note: {n}" for n in notes)]))
-    return "\n\n".join(tables)
 
 
 def _run_row(cfg, arguments) -> dict:

@@ -230,7 +230,7 @@ def format_orderings(rows: Sequence[dict]) -> str:
 # seed, since every seed shares them) on the machine of BUILD_NOTES.md's leaderboard runs (sessions 12
 # and 14: the shared 2-core Xeon, loaded, so upper bounds; the dual path: its 100 + 20 epoch profile,
 # 2,238 s on Zen 4 beside two other jobs), by flagfile; "run" for any other. Scaled by
-# this machine's matmul probe as the main job's estimate is (experiments/retrieval_table.py).
+# this machine's matmul probe as the main job's estimate is (`speed.estimate_on_this_machine`).
 REFERENCE_RUN_SECONDS = {
     "karpathy_table3_random_ranking": 60, "table2_a1_cca_fv_hglmm": 150, "table1_a_cca": 200,
     "table2_b6_nonlinear_bidir_nbr_constraints": 150, "table1_b6_nonlinear_augm_pos_bidir_nbr_constraints": 200,
@@ -239,18 +239,15 @@ REFERENCE_RUN_SECONDS = {
     "das_table2_npair_word": 150, "table2_b5_nonlinear_bidir_nbr_sampling": 150,
     "karpathy_table3_fragment_global": 300, "das_table2_triplet": 150, "das_table2_centre": 40,
     "das_table2_vgg_channel_mean": 60, "run": 200}
-REFERENCE_GFLOPS = 190.0
-FASTEST_FACTOR = 0.85
-ESTIMATE_SPREAD = 1.3
+ESTIMATE_SPREAD = 1.3   # `speed.ESTIMATE_SPREAD` (speed imports TensorFlow; this module does not)
 
 
 def estimate_seconds(runs: Sequence[LeaderboardRun]) -> float:
     """The expected wall time of training `runs` on this machine (embedded data)."""
-    from tf_twobranch.speed import best_matmul_seconds
+    from tf_twobranch.speed import estimate_on_this_machine
 
-    total = sum(REFERENCE_RUN_SECONDS.get(run.flagfile, REFERENCE_RUN_SECONDS["run"]) for run in runs)
-    gflops = 2 * 1024 ** 3 / best_matmul_seconds(1024, 1024, 1024, warmups=3, repeats=8) / 1e9
-    return total * max(REFERENCE_GFLOPS / max(gflops, 1e-3), FASTEST_FACTOR)
+    return estimate_on_this_machine(sum(REFERENCE_RUN_SECONDS.get(run.flagfile, REFERENCE_RUN_SECONDS["run"])
+                                        for run in runs))
 
 
 

@@ -66,3 +66,25 @@ def best_matmul_seconds(rows: int, inner: int, cols: int, *, warmups: int = 1,
         tf.matmul(a, b).numpy()
         best = min(best, time.perf_counter() - start)
     return max(best, 1e-9)
+
+
+# The estimates the main job and the leaderboard print first: reference seconds measured on the
+# machine of BUILD_NOTES.md (2-core AVX-512 EPYC, whose TensorFlow matmul probe read about
+# REFERENCE_GFLOPS), scaled by this machine's probe. Most of a job does not speed up with the probe
+# (an AMX machine reading 1.94x the reference ran the main job in 0.88x its time), so a faster probe
+# is credited down to FASTEST_FACTOR only; the printed range (ESTIMATE_SPREAD) covers the AVX2
+# machines, up to ~1.2x slower than the probe predicts.
+REFERENCE_GFLOPS = 190.0
+FASTEST_FACTOR = 0.85
+ESTIMATE_SPREAD = 1.3
+
+
+def matmul_gflops() -> float:
+    """A quick (~0.1 s) probe of this machine's speed: the best of a few float32 `tf.matmul`s (what the
+    runs run; numpy's BLAS ranks machines differently)."""
+    return 2 * 1024 ** 3 / best_matmul_seconds(1024, 1024, 1024, warmups=3, repeats=8) / 1e9
+
+
+def estimate_on_this_machine(reference_seconds: float) -> float:
+    """`reference_seconds` of the reference machine, scaled to this one (the comment above)."""
+    return reference_seconds * max(REFERENCE_GFLOPS / max(matmul_gflops(), 1e-3), FASTEST_FACTOR)

@@ -29,8 +29,8 @@ from tf_twobranch.run_records import is_chief, run_record, setup_training, train
 from tf_twobranch.recipes import RunRecipe, flag, prepare_recipe
 from tf_twobranch.run_loading import record_feature_split
 from tf_twobranch.systems.two_branch import sampling
-from tf_twobranch.tables import (format_retrieval_table, is_smoke, paper_beside_record, paper_numbers,
-                                 resolve_protocol, split_record, table_title)
+from tf_twobranch.tables import (format_retrieval_table, groups_by_test_split, is_smoke, paper_beside_record,
+                                 paper_numbers, resolve_protocol, split_record, table_title)
 from tf_twobranch.training import trainer
 
 FAMILY = "two_branch_retrieval"
@@ -382,3 +382,39 @@ def format_record(record: dict) -> str:
     return table + (f"\nnote: {record['protocol_note']}" if record.get("protocol_note") else "")
 
 
+# The rows the main job (`experiments.retrieval_table` without --rows) trains, each under ~1 minute on
+# the embedded data.
+MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
+# Seconds of the main job's phases on the reference machine of `speed.estimate_on_this_machine`
+# (BUILD_NOTES.md "Main job time", session 9, quiet cold run); "row": any row outside the six.
+MAIN_JOB_SECONDS = {"dataset": 12, "features": 99, "_a1_": 2, "_b2_": 16, "_b4_": 32, "_b5_": 45, "_b6_": 55,
+                    "_d_": 76, "row": 80}
+
+
+def main_job_seconds(configs, dataset_ready: bool, features_ready: bool) -> float:
+    """The expected wall time of the rows `configs` on this machine (embedded data)."""
+    from tf_twobranch.speed import estimate_on_this_machine
+
+    total = ((0 if dataset_ready else MAIN_JOB_SECONDS["dataset"])
+             + (0 if features_ready else MAIN_JOB_SECONDS["features"]))
+    total += sum(MAIN_JOB_SECONDS[next((k for k in MAIN_ROWS if k in cfg.stem), "row")] for cfg in configs)
+    return estimate_on_this_machine(total)
+
+
+def format_table(records: list[dict], table: str) -> str:
+    """The rows' table, one per protocol and test split (rows are compared only on the same
+    split): each row beside the paper's numbers measured under its protocol, then chance."""
+    tables = []
+    for group in groups_by_test_split(records):
+        first = group[0]
+        title = table_title(
+            f"Table {table}-style bi-directional retrieval", dataset=first["dataset_dir"],
+            protocol=first["protocol"], num_images=first["num_test_images"],
+            num_captions=first["num_test_captions"], paper=any(r["paper"] for r in group),
+            paper_dataset=first["paper_dataset"], paper_protocol=first["paper_protocol"],
+            smoke=any(is_smoke(r) for r in group))
+        rows = [{"name": r["row"], "metrics": r["metrics"], "paper": paper_beside_record(r)} for r in group]
+        notes = sorted({r["protocol_note"] for r in group if r.get("protocol_note")})
+        tables.append("\n".join([format_retrieval_table(title, rows, chance=first["random_baseline"]),
+                                  *(f"note: {n}" for n in notes)]))
+    return "\n\n".join(tables)
