@@ -185,9 +185,9 @@ def test_seeds_give_mean_and_std_and_other_splits_are_listed_apart():
 
 def test_bad_row_flags_and_systems_are_clear_errors(tmp_path):
     with pytest.raises(UserInputError, match="TARGET"):
-        exp._row_flags(["no_colon"], "cca", "image_sentence_retrieval", set())
+        lb.row_flags(["no_colon"], "cca", "image_sentence_retrieval", set())
     with pytest.raises(UserInputError, match="unknown target"):
-        exp._row_flags(["nope:--epochs=1"], "cca", "image_sentence_retrieval", set())
+        lb.row_flags(["nope:--epochs=1"], "cca", "image_sentence_retrieval", set())
     with pytest.raises(UserInputError, match="unknown"):
         exp.run_leaderboard(_flags("--systems=cca,nope", f"--runs_dir={tmp_path}"))
     with pytest.raises(UserInputError, match="does not exist"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import hashlib
 import io
 import pathlib
 import time
@@ -30,7 +31,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from tf_twobranch import json_files, systems
+from tf_twobranch.errors import UserInputError
 from tf_twobranch.systems.registry import LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun
+from tf_twobranch.table_runner import slug
 
 RETRIEVAL_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "rsum")
 GROUNDING_KEYS = ("pointing", "box_r1")
@@ -729,3 +732,114 @@ def write_outputs(out_dir: pathlib.Path, board: dict, table: str, meta: dict) ->
     write_figure(paths["png"], board, f"{meta.get('dataset', '')} - {board['split']['test_split_fingerprint']}")
     paths["txt"].write_text(table + "\n", encoding="utf-8")
     return {k: str(v) for k, v in paths.items()}
+
+
+# ---------------------------------------------------------------------------- an invocation
+
+def dataset_tag(dataset_dir: str) -> str:
+    """The run-folder name of a dataset: 'embedded', or the folder's name and a hash of its path."""
+    if not dataset_dir:
+        return "embedded"
+    path = str(pathlib.Path(dataset_dir).resolve())
+    return f"{slug(pathlib.Path(path).name)}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+
+
+def _max_proposals(system_runs: dict) -> int | None:
+    """How many proposals per image the box rankers' region runs ranked (their recorded flags)."""
+    for runs in system_runs.values():
+        for entry in runs:
+            record = (entry.get("grounding") or {}).get("record") or {}
+            if (record.get("flags") or {}).get("max_proposals"):
+                return int(record["flags"]["max_proposals"])
+    return None
+
+
+def dataset_grounding_baselines(dataset_dir: str, board: dict, system_runs: dict) -> dict:
+    """The random-point, centre and random-proposal baselines on the dataset's test phrases, when
+    they are the table's (`grounding_baselines` checks the phrase fingerprint)."""
+    if not board["phrases"].get("phrase_fingerprint"):
+        return {"not_computed": "no grounding cell in the table"}
+    from tf_twobranch.data.formats.proposals import read_proposals
+    from tf_twobranch.data.from_flags import dataset_folder
+    from tf_twobranch.data.layout import resolve_dataset
+    from tf_twobranch.evaluation.pointing_game import pointing_queries
+
+    try:
+        layout = resolve_dataset(dataset_folder(dataset_dir or None))
+        layout.require("entities", purpose="the grounding baselines")
+        ids = layout.split_ids("test")
+        queries = pointing_queries(layout.entities_dir, ids)
+        proposals = read_proposals(layout.proposals, ids) if layout.has("proposals") else None
+    except UserInputError as err:
+        return {"not_computed": str(err)}
+    return grounding_baselines(queries, board["phrases"], proposals, _max_proposals(system_runs))
+
+
+def planned_runs(systems_: Sequence[str], seeds: int, base: pathlib.Path, *, grounding: bool = True,
+                 orderings: bool = True) -> list[tuple]:
+    """(line or sibling key, run, seed, run folder) of every run an invocation for the lines
+    `systems_` needs (their grounding runs with `grounding`, the ordering siblings with `orderings`)."""
+    planned = []
+    for line in lines():
+        if line.key in systems_:
+            for seed in range(seeds):
+                folder = base / f"seed{seed}" / line.key
+                planned.append((line.key, line.retrieval, seed, folder / "retrieval"))
+                if line.grounding and grounding:
+                    planned.append((line.key, line.grounding, seed, folder / "grounding"))
+    for key in (siblings_needed(systems_) if orderings else []):
+        planned += [(key, SIBLINGS[key], seed, base / f"seed{seed}" / "siblings" / key) for seed in range(seeds)]
+    return planned
+
+
+def estimate_message(planned: int, to_train: Sequence[LeaderboardRun], dataset_dir: str) -> str:
+    """The line printed up front, like the main job's: the runs to train, the reused ones, the time."""
+    reused = planned - len(to_train)
+    if not to_train:
+        return f"Estimated time: seconds ({planned} runs, every one reused or skipped)."
+    if dataset_dir:
+        return f"Estimated time: depends on your dataset's size ({len(to_train)} runs to train, {reused} reused)."
+    low = estimate_seconds(to_train) / 60
+    return (f"Estimated time on this machine: {low:.0f}–{low * ESTIMATE_SPREAD:.0f} min for {len(to_train)} runs "
+            f"to train ({reused} reused; the first run of a seed also computes its features).")
+
+
+def finish(system_runs: dict, sibling_runs: dict, *, dataset_dir: str, seeds: Sequence[int], base: pathlib.Path,
+           out_dir: pathlib.Path, start: float, orderings: bool, meta: dict) -> dict:
+    """The leaderboard of the runs (`assemble`, the grounding baselines, the orderings), its table and
+    its files in `out_dir`: {"board", "table", "files"}."""
+    board = assemble(system_runs)
+    board["grounding_baselines"] = dataset_grounding_baselines(dataset_dir, board, system_runs)
+    board["orderings"] = check_orderings({**system_runs, **sibling_runs}) if orderings else []
+    dataset = dataset_dir or "the embedded data"
+    footer = [f"runs: {base}; wall time of this invocation {time.time() - start:.0f} s ({run_counts(board)})"]
+    table = format_table(board, dataset=dataset, seeds=seeds, footer=footer)
+    if board["orderings"]:
+        table += "\n\n" + format_orderings(board["orderings"])
+    meta = {"dataset": dataset, "seeds": list(seeds), "seconds": time.time() - start, **meta}
+    return {"board": board, "table": table, "files": write_outputs(out_dir, board, table, meta)}
+
+
+def experiment_of(run: LeaderboardRun) -> str:
+    """The module (``define_flags``, ``run``) of the experiment that trains `run`: its task's."""
+    return systems.tasks()[run.task].experiment
+
+
+def row_flags(values, system_key: str, experiment: str, defined) -> list[str]:
+    """The ``--row_flag=TARGET:--flag=value`` flags that go to a run of line `system_key` whose experiment
+    (its module's last name) is `experiment` and defines the flags `defined`."""
+    out = []
+    for value in values:
+        target, sep, flag = value.partition(":")
+        if not sep or not flag.startswith("--"):
+            raise UserInputError(f"--row_flag={value!r}: expected TARGET:--flag=value")
+        experiments = {experiment_of(r).rsplit(".", 1)[-1] for s in lines()
+                       for r in (s.retrieval, s.grounding) if r}
+        if target not in ("*", experiment, *line_keys(), *experiments):
+            raise UserInputError(f"--row_flag={value!r}: unknown target {target!r} (a system key, an "
+                                 "experiment name or '*')")
+        name = flag[2:].split("=", 1)[0]
+        if target in (system_key, experiment) or (target == "*" and (name in defined or
+                                                                    name.removeprefix("no") in defined)):
+            out.append(flag)
+    return out
