@@ -36,6 +36,46 @@ def flag(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002  (
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"flag": spec})
 
 
+# Fields several systems' recipes share, each declared here once (a `dataclasses.Field` cannot
+# belong to two classes: each recipe calls the factory).
+DEFAULT_CAPTION_FORMATS = ("auto", "karpathy", "token", "coco")
+
+
+def caption_format_field(formats: Sequence[str] = DEFAULT_CAPTION_FORMATS) -> Any:
+    return flag("auto", "Caption file layout of --dataset_dir.", enum=formats)
+
+
+def images_dir_field() -> Any:
+    return flag("", "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or <dataset_dir>).")
+
+
+def max_images_field(split: str) -> Any:
+    """--max_train_images (`split` "training") or --max_test_images ("test")."""
+    return flag(0, f"Use only the first N {split} images (0 = all).", lower_bound=0)
+
+
+def eval_split_field() -> Any:
+    return flag("test", "Split to evaluate on.", enum=("val", "test"))
+
+
+def word_vectors_field() -> Any:
+    return flag("", "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
+                "training captions.")
+
+
+def backbone_weights_field() -> Any:
+    return flag("", "Local ImageNet weights file of the backbone.")
+
+
+def feature_dtype_field() -> Any:
+    return flag("float32", "Storage dtype of feature caches: float16 halves disk and RAM for large datasets (rows "
+                "are cast back to float32 in each batch).", enum=("float32", "float16"))
+
+
+def momentum_field() -> Any:
+    return flag(0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0)
+
+
 @dataclasses.dataclass
 class Recipe:
     """Base of every row recipe: each field is one flag of the experiment (`flag`), defined by

@@ -35,7 +35,9 @@ from tf_twobranch.features.word_vectors import train_word_vectors
 from tf_twobranch.figures.titles import dual_path_stage_title
 from tf_twobranch.systems.dual_path.model import DualPathConfig, DualPathModel, retrieval_metrics
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
-from tf_twobranch.recipes import RunRecipe, apply_profile, apply_smoke, flag
+from tf_twobranch.recipes import (RunRecipe, apply_profile, apply_smoke, caption_format_field,
+                                  eval_split_field, flag, images_dir_field, max_images_field, momentum_field,
+                                  word_vectors_field)
 from tf_twobranch.systems.dual_path.run_split import dual_path_test_split, record_dual_path_split
 from tf_twobranch.systems.dual_path import sampling as dp
 from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table, is_smoke, paper_beside_record,
@@ -93,22 +95,17 @@ class DualPathRecipe(RunRecipe):
         "reid_raw.json (one class per identity, text->image).", enum=("retrieval", "pedes"))
     dataset_dir: str = flag(
         '', "Dataset folder (retrieval) or folder of reid_raw.json (pedes); empty: the embedded dataset.")
-    caption_format: str = flag(
-        'auto', "Caption file layout of --dataset_dir.", enum=("auto", "karpathy", "token", "coco"))
-    images_dir: str = flag(
-        '', "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
-        "<dataset_dir>).")
-    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
-    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
-    eval_split: str = flag('test', "Split to evaluate on.", enum=("val", "test"))
+    caption_format: str = caption_format_field()
+    images_dir: str = images_dir_field()
+    max_train_images: int = max_images_field("training")
+    max_test_images: int = max_images_field("test")
+    eval_split: str = eval_split_field()
     long_captions: str = flag(
         'error', "Captions longer than --max_len: error, or clip the final words (the paper).",
         enum=("error", "clip"))
     num_classes: int = flag(
         0, "Instance classes; 0 = from the data (a set value must match the data).", lower_bound=0)
-    word_vectors: str = flag(
-        '', "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
-        "training captions.")
+    word_vectors: str = word_vectors_field()
     word_dim: int = flag(
         300, "Word embedding size (the text CNN's first layer; vectors trained on the captions get this "
         "size).", lower_bound=2)
@@ -158,7 +155,7 @@ class DualPathRecipe(RunRecipe):
     optimizer: str = flag(
         'sgd', "sgd: SGD with momentum (the paper and the reference); adam: Adam (embedded profile).",
         enum=("sgd", "adam"))
-    momentum: float = flag(0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0)
+    momentum: float = momentum_field()
     nesterov: bool = flag(False, "Nesterov momentum (the reference).")
     weight_decay: float = flag(0.0, "Weight decay (reference: 1e-4).", lower_bound=0.0)
     protocol: str = flag(

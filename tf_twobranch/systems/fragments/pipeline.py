@@ -56,7 +56,9 @@ from tf_twobranch.json_files import read_json_object
 from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig, FragmentEmbeddingModel,
                                                     build_fragment_model)
 from tf_twobranch.cli import split_paths
-from tf_twobranch.recipes import RunRecipe, flag
+from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, caption_format_field, eval_split_field,
+                                  feature_dtype_field, flag, images_dir_field, max_images_field,
+                                  momentum_field, word_vectors_field)
 from tf_twobranch.run_records import is_chief, setup_training, train_config, write_results as write_json
 from tf_twobranch.systems.fragments import sampling as fragment_batches
 from tf_twobranch.systems.fragments.export import export_fragment_model
@@ -83,14 +85,11 @@ class FragmentRecipe(RunRecipe):
     dataset_dir: str = flag(
         "", "Dataset folder (Flickr8K: Flickr8k.token.txt and Flickr_8k.*Images.txt; Flickr30K: a token "
         "file or Karpathy JSON with split lists), with its images; empty: the embedded dataset.")
-    caption_format: str = flag(
-        "auto", "Caption file layout of --dataset_dir.", enum=("auto", "karpathy", "token", "coco"))
-    images_dir: str = flag(
-        "", "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
-        "<dataset_dir>).")
-    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
-    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
-    eval_split: str = flag("test", "Split to evaluate on.", enum=("val", "test"))
+    caption_format: str = caption_format_field()
+    images_dir: str = images_dir_field()
+    max_train_images: int = max_images_field("training")
+    max_test_images: int = max_images_field("test")
+    eval_split: str = eval_split_field()
     protocol: str = flag(
         "full", "full: every test sentence; first_caption: each image's first sentence only (Hodosh et al.'s "
         "protocol, the paper's * rows).", enum=("full", "first_caption"))
@@ -111,16 +110,14 @@ class FragmentRecipe(RunRecipe):
     min_relation_fraction: float = flag(
         0.01, "Relation types under this fraction of the training fragments are dropped.",
         lower_bound=0.0, upper_bound=0.99)
-    word_vectors: str = flag(
-        "", "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
-        "training captions.")
+    word_vectors: str = word_vectors_field()
     word_dim: int = flag(200, "Word vector size W_e (the paper: 200).", lower_bound=2)
     # Images.
     features_cache: str = flag("", "Where image fragments are cached (default <dataset_dir>/features).")
     image_backbone: str = flag(
         "scene_cnn", "CNN of the image fragments (scene_cnn: trained on the training images).",
         enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
-    backbone_weights: str = flag("", "Local ImageNet weights file of the backbone.")
+    backbone_weights: str = backbone_weights_field()
     scene_cnn_epochs: int = flag(12, "Epochs of the scene_cnn backbone.", lower_bound=1)
     proposals: str = flag(
         "", "Ranked region proposals (HDF5 file or folder); default <dataset_dir>/proposals.h5.")
@@ -131,9 +128,7 @@ class FragmentRecipe(RunRecipe):
     image_fragments: str = flag(
         "all", "all: the whole image + detections; fullframe: the whole image only.",
         enum=("all", "fullframe"))
-    feature_dtype: str = flag(
-        "float32", "Storage dtype of feature caches: float16 halves disk and RAM for large datasets (rows are "
-        "cast back to float32 in each batch).", enum=("float32", "float16"))
+    feature_dtype: str = feature_dtype_field()
     # Model and objective.
     representation: str = flag(
         "fragments", "fragments: the paper's model; devise: the DeViSE baseline (mean word vector, mean CNN "
@@ -177,7 +172,7 @@ class FragmentRecipe(RunRecipe):
     batch_size: int = flag(100, "Distinct images per batch, one sentence each.", lower_bound=2)
     learning_rate: float = flag(
         1e-5, "SGD learning rate (cross-validated in the paper; the code: 1e-5).", lower_bound=0.0)
-    momentum: float = flag(0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0)
+    momentum: float = momentum_field()
     lr_drop_epochs: int = flag(2, "The last this many epochs run at 0.1× the rate.", lower_bound=0)
     mil: bool = flag(False, "Second stage with the MIL fragment objective (eq. 5).")
     fine_tune_cnn: bool = flag(False, "Second stage also trains the CNN's top layer (scene_cnn backbone).")

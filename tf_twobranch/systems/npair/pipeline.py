@@ -55,7 +55,9 @@ from tf_twobranch.json_files import read_json_object
 from tf_twobranch.systems.npair.losses import DEFAULT_TEMPERATURE
 from tf_twobranch.systems.npair.model import (NPairEvaluationSplit, NPairLocalizationConfig,
                                               NPairLocalizationModel, build_npair_model, headline_metrics)
-from tf_twobranch.recipes import RunRecipe, flag
+from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, caption_format_field, eval_split_field,
+                                  feature_dtype_field, flag, images_dir_field, max_images_field,
+                                  momentum_field, word_vectors_field)
 from tf_twobranch.run_records import is_chief, setup_training, train_config, write_results as write_json
 from tf_twobranch.tables import paper_numbers, resolve_protocol, split_record
 from tf_twobranch.training import trainer
@@ -85,14 +87,11 @@ class NPairRecipe(RunRecipe):
     dataset_dir: str = flag(
         "", "Dataset folder (Flickr30K with its Flickr30K Entities Sentences/ and Annotations/, or COCO "
         "captions for retrieval only), with its images; empty: the embedded dataset.")
-    caption_format: str = flag(
-        "auto", "Caption file layout of --dataset_dir.", enum=("auto", "karpathy", "token", "coco"))
-    images_dir: str = flag(
-        "", "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
-        "<dataset_dir>).")
-    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
-    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
-    eval_split: str = flag("test", "Split to evaluate on.", enum=("val", "test"))
+    caption_format: str = caption_format_field()
+    images_dir: str = images_dir_field()
+    max_train_images: int = max_images_field("training")
+    max_test_images: int = max_images_field("test")
+    eval_split: str = eval_split_field()
     protocol: str = flag(
         "folds_100", "Retrieval protocol: folds_100 (Table 1: galleries of 100 images, averaged), full, coco_1k, "
         "coco_5k.", enum=("folds_100", "full", "coco_1k", "coco_5k"))
@@ -123,9 +122,7 @@ class NPairRecipe(RunRecipe):
         DEFAULT_POINT_RULE, "cell_centre: the centre of the map's arg-max cell (the paper); argmax: the first maximal "
         "pixel of the upsampled map (the code). Rows record both.", enum=("cell_centre", "argmax"))
     # Text.
-    word_vectors: str = flag(
-        "", "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
-        "training captions.")
+    word_vectors: str = word_vectors_field()
     word_dim: int = flag(300, "Word vector size (GloVe: 300).", lower_bound=2)
     max_words: int = flag(
         20, "Words per caption (longer: not trained on, clipped in evaluation).", lower_bound=1)
@@ -135,11 +132,9 @@ class NPairRecipe(RunRecipe):
     image_backbone: str = flag(
         "scene_cnn", "CNN of the spatial map (vgg19: block5_conv4; scene_cnn: trained on the training images).",
         enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
-    backbone_weights: str = flag("", "Local ImageNet weights file of the backbone.")
+    backbone_weights: str = backbone_weights_field()
     scene_cnn_epochs: int = flag(12, "Epochs of the scene_cnn backbone.", lower_bound=1)
-    feature_dtype: str = flag(
-        "float32", "Storage dtype of feature caches: float16 halves disk and RAM for large datasets (rows are "
-        "cast back to float32 in each batch).", enum=("float32", "float16"))
+    feature_dtype: str = feature_dtype_field()
     backbone_maps: tuple[str, ...] = flag(
         (), "Precomputed backbone maps per split, split=path pairs (train=maps.npy,test=...): (images, h, "
         "w, C) .npy or sharded row-array folders, one row per image in split order, float32 or "
@@ -175,7 +170,7 @@ class NPairRecipe(RunRecipe):
     batch_size: int = flag(64, "Image–caption pairs per batch, distinct images.", lower_bound=2)
     learning_rate: float = flag(1e-3, "SGD learning rate (the code: 1e-3).", lower_bound=0.0)
     lr_decay_epochs: int = flag(10, "The rate is multiplied by 0.1 every this many epochs.", lower_bound=1)
-    momentum: float = flag(0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0)
+    momentum: float = momentum_field()
     weight_decay: float = flag(1e-7, "SGD weight decay (the code: 1e-7).", lower_bound=0.0)
     paper_dataset: str = flag("Flickr30K", "Dataset of the paper numbers.")
     # Run: distribution, seed, output, --smoke: inherited from RunRecipe.

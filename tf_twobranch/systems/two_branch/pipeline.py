@@ -26,7 +26,9 @@ from tf_twobranch.features.prepare import (FeatureSpec, prepare_retrieval_featur
 from tf_twobranch.systems.two_branch.losses import check_top_k_fits_batch
 from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
-from tf_twobranch.recipes import RunRecipe, flag, prepare_recipe
+from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, caption_format_field,
+                                  feature_dtype_field, flag, images_dir_field, max_images_field,
+                                  prepare_recipe, word_vectors_field)
 from tf_twobranch.run_loading import record_feature_split
 from tf_twobranch.systems.two_branch import sampling
 from tf_twobranch.tables import (format_retrieval_table, groups_by_test_split, is_smoke, paper_beside_record,
@@ -60,14 +62,10 @@ EMBEDDED_PROFILE = {"word_dim": 50, "learning_rate_scale": 3.0, "epochs": 10, "t
 class RetrievalRecipe(RunRecipe):
     """One image-sentence retrieval row (fields: the flags of experiments.image_sentence_retrieval)."""
     dataset_dir: str = flag('', "Dataset folder; empty: the embedded dataset.")
-    caption_format: str = flag(
-        'auto', "Caption file layout of --dataset_dir.",
-        enum=("auto", "karpathy", "token", "coco", "precomp"))
-    images_dir: str = flag(
-        '', "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
-        "<dataset_dir>).")
-    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
-    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
+    caption_format: str = caption_format_field(("auto", "karpathy", "token", "coco", "precomp"))
+    images_dir: str = images_dir_field()
+    max_train_images: int = max_images_field("training")
+    max_test_images: int = max_images_field("test")
     image_features_train: str = flag(
         '', "Precomputed train image features (.npy/.mat/.h5, (N, D), one row per image in caption "
         "order).")
@@ -80,20 +78,16 @@ class RetrievalRecipe(RunRecipe):
     features_cache: str = flag('', "Where computed features are cached (default <dataset_dir>/features).")
     image_backbone: str = flag(
         'scene_cnn', "CNN for image features.", enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
-    backbone_weights: str = flag('', "Local ImageNet weights file of the backbone.")
+    backbone_weights: str = backbone_weights_field()
     scene_cnn_epochs: int = flag(
         12, "Epochs of the scene_cnn backbone trained on the training images and captions.", lower_bound=1)
     text_encoder: str = flag(
         'fisher_hglmm', "Sentence representation.",
         enum=("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm"))
-    word_vectors: str = flag(
-        '', "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
-        "training captions.")
+    word_vectors: str = word_vectors_field()
     word_dim: int = flag(300, "Size of word vectors trained on the captions.", lower_bound=2)
     pca_dim: int = flag(6000, "PCA size of Fisher vectors larger than this.", lower_bound=1)
-    feature_dtype: str = flag(
-        'float32', "Storage dtype of feature caches: float16 halves disk and RAM for large datasets (rows are "
-        "cast back to float32 in each batch).", enum=("float32", "float16"))
+    feature_dtype: str = feature_dtype_field()
     ten_crop: bool = flag(True, "Average features over the paper's ten crops.")
     protocol: str = flag('full', "Test protocol.", enum=("full", "flickr30k_1k", "coco_1k", "coco_5k"))
     model: str = flag('embedding', "Which model.", enum=("embedding", "similarity", "cca"))

@@ -27,7 +27,8 @@ from tf_twobranch.features.prepare_regions import (RegionFeatureSpec, phrase_loc
                                                    prepare_phrase_localization)
 from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
-from tf_twobranch.recipes import RunRecipe, flag, prepare_recipe
+from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, flag, images_dir_field, max_images_field,
+                                  prepare_recipe, word_vectors_field)
 from tf_twobranch.systems.two_branch import region_phrase_sampling as sampling
 from tf_twobranch.tables import SMOKE_LINE, is_smoke, localization_paper_beside, paper_numbers
 from tf_twobranch.training import trainer
@@ -63,11 +64,9 @@ class LocalizationRecipe(RunRecipe):
         "paper_results": "The paper's R@1,R@5,R@10 for this row (fewer when the paper gives fewer)."}
 
     dataset_dir: str = flag('', "Flickr30K Entities-style folder; empty: the embedded dataset.")
-    images_dir: str = flag(
-        '', "Images folder (default <dataset_dir>/images, <dataset_dir>/flickr30k-images or "
-        "<dataset_dir>).")
-    max_train_images: int = flag(0, "Use only the first N training images (0 = all).", lower_bound=0)
-    max_test_images: int = flag(0, "Use only the first N test images (0 = all).", lower_bound=0)
+    images_dir: str = images_dir_field()
+    max_train_images: int = max_images_field("training")
+    max_test_images: int = max_images_field("test")
     proposals: str = flag(
         '', "Proposals file/folder (default <dataset_dir>/proposals.h5, generated with the built-in "
         "generator when absent).")
@@ -79,15 +78,13 @@ class LocalizationRecipe(RunRecipe):
     image_backbone: str = flag(
         'scene_cnn', "CNN for the single-crop region features.",
         enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
-    backbone_weights: str = flag('', "Local ImageNet weights file of the backbone.")
+    backbone_weights: str = backbone_weights_field()
     scene_cnn_epochs: int = flag(
         12, "Epochs of the scene_cnn backbone trained on the training images and captions.", lower_bound=1)
     text_encoder: str = flag(
         'fisher_hglmm', "Phrase representation (fitted on the training phrases).",
         enum=("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf"))
-    word_vectors: str = flag(
-        '', "Local word2vec (binary/text, e.g. GoogleNews .bin) or GloVe text file; empty: trained on the "
-        "training captions.")
+    word_vectors: str = word_vectors_field()
     word_dim: int = flag(300, "Size of word vectors trained on the captions.", lower_bound=2)
     pca_dim: int = flag(6000, "PCA size of Fisher vectors larger than this.", lower_bound=1)
     model: str = flag('embedding', "Which model.", enum=("embedding", "similarity", "cca"))
