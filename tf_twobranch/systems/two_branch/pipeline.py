@@ -58,6 +58,27 @@ EMBEDDED_PROFILE = {"word_dim": 50, "learning_rate_scale": 3.0, "epochs": 10, "t
 
 
 
+# The fields the image–sentence and region–phrase recipes share, declared once: (default, help, bounds).
+_SHARED_FIELDS = {
+    "features_cache": ("", "Where computed features are cached (default <dataset_dir>/features).", {}),
+    "scene_cnn_epochs": (12, "Epochs of the scene_cnn backbone trained on the training images and captions.",
+                         {"lower_bound": 1}),
+    "word_dim": (300, "Size of word vectors trained on the captions.", {"lower_bound": 2}),
+    "pca_dim": (6000, "PCA size of Fisher vectors larger than this.", {"lower_bound": 1}),
+    "model": ("embedding", "Which model.", {"enum": ("embedding", "similarity", "cca")}),
+    "branch": ("nonlinear", "Branch structure.", {"enum": ("nonlinear", "linear")}),
+    "embed_dim": (512, "Embedding size.", {"lower_bound": 1}),
+    "margin": (0.05, "Ranking margin m.", {"lower_bound": 0.0}),
+    "cca_components": (512, "CCA dimensions (model=cca).", {"lower_bound": 1}),
+}
+
+
+def shared_field(name: str):
+    """The recipe field `name` as both two-branch recipes declare it."""
+    default, help_text, bounds = _SHARED_FIELDS[name]
+    return flag(default, help_text, **bounds)
+
+
 @dataclasses.dataclass
 class RetrievalRecipe(RunRecipe):
     """One image-sentence retrieval row (fields: the flags of experiments.image_sentence_retrieval)."""
@@ -75,36 +96,35 @@ class RetrievalRecipe(RunRecipe):
         '', "Precomputed test image features (.npy/.mat/.h5, (N, D), one row per image in caption order).")
     text_features_test: str = flag(
         '', "Precomputed test sentence features (.npy/.mat/.h5; column-major HDF5 accepted).")
-    features_cache: str = flag('', "Where computed features are cached (default <dataset_dir>/features).")
+    features_cache: str = shared_field("features_cache")
     image_backbone: str = flag(
         'scene_cnn', "CNN for image features.", enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
     backbone_weights: str = backbone_weights_field()
-    scene_cnn_epochs: int = flag(
-        12, "Epochs of the scene_cnn backbone trained on the training images and captions.", lower_bound=1)
+    scene_cnn_epochs: int = shared_field("scene_cnn_epochs")
     text_encoder: str = flag(
         'fisher_hglmm', "Sentence representation.",
         enum=("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm"))
     word_vectors: str = word_vectors_field()
-    word_dim: int = flag(300, "Size of word vectors trained on the captions.", lower_bound=2)
-    pca_dim: int = flag(6000, "PCA size of Fisher vectors larger than this.", lower_bound=1)
+    word_dim: int = shared_field("word_dim")
+    pca_dim: int = shared_field("pca_dim")
     feature_dtype: str = feature_dtype_field()
     ten_crop: bool = flag(True, "Average features over the paper's ten crops.")
     protocol: str = flag('full', "Test protocol.", enum=("full", "flickr30k_1k", "coco_1k", "coco_5k"))
-    model: str = flag('embedding', "Which model.", enum=("embedding", "similarity", "cca"))
-    branch: str = flag('nonlinear', "Branch structure.", enum=("nonlinear", "linear"))
+    model: str = shared_field("model")
+    branch: str = shared_field("branch")
     layout: str = flag(
         'original', "original: FC-BN-ReLU-Dropout-FC (reference code); paper: FC-ReLU-Dropout-FC-BN (TPAMI "
         "§3.2.1).", enum=("original", "paper"))
     hidden_dim: int = flag(2048, "First FC layer size of each branch.", lower_bound=1)
-    embed_dim: int = flag(512, "Embedding size.", lower_bound=1)
+    embed_dim: int = shared_field("embed_dim")
     dropout: float = flag(0.5, "Dropout after the ReLU.", lower_bound=0.0, upper_bound=0.95)
-    margin: float = flag(0.05, "Ranking margin m.", lower_bound=0.0)
+    margin: float = shared_field("margin")
     top_k: int = flag(10, "K most violating in-batch negatives per anchor.", lower_bound=1)
     image_anchor_weight: float = flag(1.0, "λ1 (image target).", lower_bound=0.0)
     text_anchor_weight: float = flag(1.5, "λ2 (sentence target); 0 = single-directional.", lower_bound=0.0)
     text_neighbour_weight: float = flag(0.05, "λ4 (sentence neighbourhood constraint).", lower_bound=0.0)
     batch_size: int = flag(500, "Images per batch.", lower_bound=2)
-    cca_components: int = flag(512, "CCA dimensions (model=cca).", lower_bound=1)
+    cca_components: int = shared_field("cca_components")
     epochs: int = flag(20, "Training epochs.", lower_bound=1)
     learning_rate: float = flag(0.0001, "Adam learning rate.", lower_bound=0.0)
     sample_size: int = flag(

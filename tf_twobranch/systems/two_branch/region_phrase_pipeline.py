@@ -26,6 +26,7 @@ from tf_twobranch.features import FEATURE_SEED
 from tf_twobranch.features.prepare_regions import (RegionFeatureSpec, phrase_localization_inputs,
                                                    prepare_phrase_localization)
 from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
+from tf_twobranch.systems.two_branch.pipeline import shared_field
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, flag, images_dir_field, max_images_field,
                                   prepare_recipe, word_vectors_field)
@@ -74,35 +75,34 @@ class LocalizationRecipe(RunRecipe):
     clip_proposals: bool = flag(
         False, "Clip proposals that stick out of their image (for crops and IoU alike, count logged); "
         "default: such a file is refused as being at the wrong scale.")
-    features_cache: str = flag('', "Where computed features are cached (default <dataset_dir>/features).")
+    features_cache: str = shared_field("features_cache")
     image_backbone: str = flag(
         'scene_cnn', "CNN for the single-crop region features.",
         enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
     backbone_weights: str = backbone_weights_field()
-    scene_cnn_epochs: int = flag(
-        12, "Epochs of the scene_cnn backbone trained on the training images and captions.", lower_bound=1)
+    scene_cnn_epochs: int = shared_field("scene_cnn_epochs")
     text_encoder: str = flag(
         'fisher_hglmm', "Phrase representation (fitted on the training phrases).",
         enum=("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf"))
     word_vectors: str = word_vectors_field()
-    word_dim: int = flag(300, "Size of word vectors trained on the captions.", lower_bound=2)
-    pca_dim: int = flag(6000, "PCA size of Fisher vectors larger than this.", lower_bound=1)
-    model: str = flag('embedding', "Which model.", enum=("embedding", "similarity", "cca"))
-    branch: str = flag('nonlinear', "Branch structure.", enum=("nonlinear", "linear"))
+    word_dim: int = shared_field("word_dim")
+    pca_dim: int = shared_field("pca_dim")
+    model: str = shared_field("model")
+    branch: str = shared_field("branch")
     layout: str = flag(
         'original', "original: FC-BN-ReLU-FC (reference code; linear = FC-L2 as §4.2); paper: FC-ReLU-FC-BN.",
         enum=("original", "paper"))
     hidden_dim: int = flag(1024, "First FC layer size of each branch.", lower_bound=1)
-    embed_dim: int = flag(512, "Embedding size.", lower_bound=1)
+    embed_dim: int = shared_field("embed_dim")
     dropout: float = flag(0.0, "Dropout after the ReLU.", lower_bound=0.0, upper_bound=0.95)
-    margin: float = flag(0.05, "Ranking margin m.", lower_bound=0.0)
+    margin: float = shared_field("margin")
     top_k: int = flag(30, "K violating triplets kept per positive pair.", lower_bound=1)
     image_anchor_weight: float = flag(1.0, "λ1: region-anchor term; 0 = single-directional.", lower_bound=0.0)
     text_anchor_weight: float = flag(4.0, "λ2: phrase-anchor (phrase-to-region) term.", lower_bound=0.0)
     text_neighbour_weight: float = flag(
         0.1, "λ4 (used only with --neighbourhood_constraints).", lower_bound=0.0)
     batch_size: int = flag(100, "Ground-truth region–phrase pairs per batch.", lower_bound=2)
-    cca_components: int = flag(512, "CCA dimensions (model=cca).", lower_bound=1)
+    cca_components: int = shared_field("cca_components")
     epochs: int = flag(8, "Epochs of the first stage.", lower_bound=1)
     learning_rate: float = flag(0.001, "Adam learning rate (§4.3).", lower_bound=0.0)
     similarity_head_layers: int = flag(
