@@ -17,7 +17,7 @@ from tf_twobranch.evaluation import retrieval
 from tf_twobranch.run_records import is_chief, setup_training, train_config  # noqa: F401
 from tf_twobranch.run_records import run_record as flag_record  # noqa: F401
 from tf_twobranch.run_records import write_results as write_json  # noqa: F401
-from tf_twobranch.recipes import SMOKE_HELP, from_flags, prepare_recipe, smoke_overrides, typed_flags  # noqa: F401
+from tf_twobranch.recipes import from_flags, prepare_recipe, typed_flags  # noqa: F401
 from tf_twobranch.recipes import define_smoke_flag  # noqa: F401  (--smoke: one definition for every experiment)
 from tf_twobranch.table_runner import resolve_config, slug  # noqa: F401
 from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table,  # noqa: F401

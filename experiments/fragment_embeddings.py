@@ -56,7 +56,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 def recipe_from_flags(f) -> tuple[FragmentRecipe, dict]:
     """The row's recipe (its flags' values, the embedded profile applied) and the flags the user typed."""
     typed = common.typed_flags(f)
-    return common.prepare_recipe(FragmentRecipe.from_flags(f), typed, EMBEDDED_PROFILE, "fragment_embedding")[0], typed
+    return common.prepare_recipe(FragmentRecipe.from_flags(f), typed, EMBEDDED_PROFILE)[0], typed
 
 
 def run(f, flagfile: str | None = None) -> dict:

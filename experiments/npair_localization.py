@@ -51,7 +51,7 @@ def recipe_from_flags(fv: flags.FlagValues) -> tuple[NPairRecipe, dict]:
     """The row's recipe from its parsed flags (the embedded profile's values where the user typed
     none and gave no --dataset_dir), and the flags the user typed (results.json "typed_flags")."""
     typed = common.typed_flags(fv)
-    return common.prepare_recipe(NPairRecipe.from_flags(fv), typed, EMBEDDED_PROFILE, "npair_localization")[0], typed
+    return common.prepare_recipe(NPairRecipe.from_flags(fv), typed, EMBEDDED_PROFILE)[0], typed
 
 
 def run(f: flags.FlagValues, flagfile: str | None = None) -> dict:

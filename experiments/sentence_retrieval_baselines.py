@@ -26,8 +26,8 @@ from absl import app, flags
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import ConfigError
 from tf_twobranch.json_files import write_json
-from tf_twobranch.recipes import capped, define_smoke_flag, smoke_overrides
-from tf_twobranch.systems.two_branch.sentence_baselines import format_table, sentence_baselines
+from tf_twobranch.recipes import capped, define_smoke_flag
+from tf_twobranch.systems.two_branch.sentence_baselines import SMOKE_CAPS, format_table, sentence_baselines
 
 _REALDATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "realdata"
 
@@ -57,7 +57,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                          **d)
     flags.DEFINE_integer("seed", 0, "Seed of every random choice.", **d)
     flags.DEFINE_string("out_json", None, "Where to write the results (JSON).", **d)
-    define_smoke_flag(fv)
+    define_smoke_flag(fv, SMOKE_CAPS)
 
 
 def run() -> dict:
@@ -66,7 +66,7 @@ def run() -> dict:
     from tf_twobranch.features.text_features import encoder_needs_word_vectors
 
     if FLAGS.smoke:
-        for name, cap in smoke_overrides("sentence_baselines").items():
+        for name, cap in SMOKE_CAPS.items():
             FLAGS[name].value = capped(name, FLAGS[name].value, cap)
     for name in FLAGS.encoders:
         encoder_needs_word_vectors(name)  # raises ConfigError for unknown names

@@ -17,13 +17,11 @@ from tf_twobranch.systems.dual_path.pipeline import DualPathRecipe
 from tf_twobranch.systems.two_branch.region_phrase_pipeline import LocalizationRecipe
 from tf_twobranch.systems.two_branch.pipeline import RetrievalRecipe
 
-EXPERIMENTS = [(isr, RetrievalRecipe, "two_branch_retrieval"),
-               (pl, LocalizationRecipe, "two_branch_localization"),
-               (instance_loss, DualPathRecipe, "dual_path")]
+EXPERIMENTS = [(isr, RetrievalRecipe), (pl, LocalizationRecipe), (instance_loss, DualPathRecipe)]
 
 
-@pytest.mark.parametrize("module,cls,family", EXPERIMENTS, ids=[m.__name__ for m, _, _ in EXPERIMENTS])
-def test_every_recipe_field_is_a_flag_of_its_experiment_and_back(module, cls, family):
+@pytest.mark.parametrize("module,cls", EXPERIMENTS, ids=[m.__name__ for m, _ in EXPERIMENTS])
+def test_every_recipe_field_is_a_flag_of_its_experiment_and_back(module, cls):
     fv = flags.FlagValues()
     module.define_flags(fv)
     assert cls.flag_names() == set(fv), (cls.flag_names() ^ set(fv))
@@ -32,22 +30,33 @@ def test_every_recipe_field_is_a_flag_of_its_experiment_and_back(module, cls, fa
     # The recipe's defaults are the flags' defaults: a notebook recipe equals the flags' one.
     assert recipe == cls()
     assert recipes.as_record(recipe)["type"] == cls.__name__
-    # Every family's --smoke caps name fields of its recipe.
-    assert set(recipes.smoke_overrides(family)) <= cls.flag_names()
+    # Its --smoke caps name fields of the recipe, and its --smoke help lists them.
+    assert cls.SMOKE_CAPS and set(cls.SMOKE_CAPS) <= cls.flag_names()
+    assert all(f"--{name}<={cap}" in fv["smoke"].help for name, cap in cls.SMOKE_CAPS.items())
 
 
 def test_smoke_caps_only_shorten_and_zero_means_all_gets_the_cap():
     r = LocalizationRecipe(smoke=True, epochs=8, constraint_epochs=2, hard_negative_epochs=0,
                            max_train_images=0, max_test_images=10, max_proposals=200)
-    capped, changed = recipes.apply_smoke(r, "two_branch_localization")
+    capped, changed = recipes.apply_smoke(r)
     assert (capped.epochs, capped.constraint_epochs, capped.hard_negative_epochs) == (1, 1, 0)
     assert (capped.max_train_images, capped.max_test_images, capped.max_proposals) == (40, 10, 20)
     assert "hard_negative_epochs" not in changed and "max_test_images" not in changed
-    assert recipes.apply_smoke(r.replace(smoke=False), "two_branch_localization") == (r.replace(smoke=False), {})
-    d = recipes.apply_smoke(DualPathRecipe(smoke=True), "dual_path")[0]
+    assert recipes.apply_smoke(r.replace(smoke=False)) == (r.replace(smoke=False), {})
+    d = recipes.apply_smoke(DualPathRecipe(smoke=True))[0]
     assert (d.stage1_epochs, d.stage2_epochs, d.max_train_images) == (1, 1, 32)
-    with pytest.raises(KeyError):
-        recipes.smoke_overrides("no_such_family")
+
+
+def test_a_recipe_without_smoke_caps_refuses_smoke_instead_of_running_full_length():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Uncapped(recipes.RunRecipe):
+        epochs: int = recipes.flag(10, "Epochs.")
+
+    assert recipes.apply_smoke(Uncapped()) == (Uncapped(), {})
+    with pytest.raises(recipes.ConfigError, match="SMOKE_CAPS"):
+        recipes.apply_smoke(Uncapped(smoke=True))
 
 
 def test_the_embedded_profile_fills_only_untyped_fields_and_not_on_a_dataset_folder():
@@ -208,10 +217,8 @@ def test_a_recipe_field_and_its_flag_are_declared_once(experiment):
     assert not calls, (experiment, calls)
 
 
-@pytest.mark.parametrize("family,cls,per_image", [
-    ("fragment_embedding", "FragmentRecipe", 1), ("npair_localization", "NPairRecipe", 1),
-    ("two_branch_retrieval", "RetrievalRecipe", 5)])
-def test_smoke_caps_a_batch_with_the_images_it_is_drawn_from(family, cls, per_image):
+@pytest.mark.parametrize("cls,per_image", [("FragmentRecipe", 1), ("NPairRecipe", 1), ("RetrievalRecipe", 5)])
+def test_smoke_caps_a_batch_with_the_images_it_is_drawn_from(cls, per_image):
     """A batch of distinct images (captions) cannot exceed the smoke slice: the fragment and
     N-pair flagfiles' batches of 100 and 64 failed against 40 training images."""
     import importlib
@@ -219,24 +226,23 @@ def test_smoke_caps_a_batch_with_the_images_it_is_drawn_from(family, cls, per_im
               "RetrievalRecipe": "two_branch.pipeline"}[cls]
     recipe_cls = getattr(importlib.import_module(f"tf_twobranch.systems.{module}"), cls)
     for batch_size in (recipe_cls().batch_size, 1000):
-        capped, _ = recipes.apply_smoke(recipe_cls(smoke=True, batch_size=batch_size), family)
+        capped, _ = recipes.apply_smoke(recipe_cls(smoke=True, batch_size=batch_size))
         assert capped.batch_size <= capped.max_train_images * per_image
 
 
 def test_smoke_trains_the_scene_cnn_briefly_for_every_family_that_has_one():
     import importlib
-    for family, (module, cls) in {"two_branch_retrieval": ("two_branch.pipeline", "RetrievalRecipe"),
-                                  "two_branch_localization": ("two_branch.region_phrase_pipeline", "LocalizationRecipe"),
-                                  "fragment_embedding": ("fragments.pipeline", "FragmentRecipe"),
-                                  "npair_localization": ("npair.pipeline", "NPairRecipe")}.items():
+    for module, cls in [("two_branch.pipeline", "RetrievalRecipe"),
+                        ("two_branch.region_phrase_pipeline", "LocalizationRecipe"),
+                        ("fragments.pipeline", "FragmentRecipe"), ("npair.pipeline", "NPairRecipe")]:
         recipe_cls = getattr(importlib.import_module(f"tf_twobranch.systems.{module}"), cls)
-        capped, _ = recipes.apply_smoke(recipe_cls(smoke=True), family)
-        assert capped.scene_cnn_epochs == 1 and capped.max_train_images, family
+        capped, _ = recipes.apply_smoke(recipe_cls(smoke=True))
+        assert capped.scene_cnn_epochs == 1 and capped.max_train_images, cls
 
 
 def test_npair_smoke_slice_holds_one_folds_of_100_gallery():
     """`npair_localization --rows=all --smoke` failed: Table 1's rows (protocol folds_100, galleries
     of 100 images) share the word-mode run, which could not score them on 20 test images."""
     from tf_twobranch.systems.npair.pipeline import NPairRecipe
-    capped, _ = recipes.apply_smoke(NPairRecipe(smoke=True), "npair_localization")
+    capped, _ = recipes.apply_smoke(NPairRecipe(smoke=True))
     assert capped.max_test_images >= 100

@@ -11,10 +11,10 @@ recipe is also what a notebook user writes instead of a flagfile::
 
 `results.json` stores the recipe (`"recipe"`, see `as_record`).
 
-`--smoke` (every experiment) caps each family's training length and data so
-that any row runs in seconds: `smoke_overrides(family)` gives the caps,
-`apply_smoke(recipe, family)` applies them (a cap only ever shortens: a stage
-switched off stays off).
+`--smoke` (every experiment) caps a row's training length and data so that
+it runs in seconds: each recipe class declares its caps (``SMOKE_CAPS``, beside
+its fields in its system's pipeline), `apply_smoke(recipe)` applies them (a cap
+only ever shortens: a stage switched off stays off).
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from typing import Any, ClassVar, Mapping, Sequence, TypeVar
 from tf_twobranch.errors import ConfigError, UserInputError
 
 R = TypeVar("R", bound="Recipe")
+
+SMOKE_HELP = "Run the row in seconds (a check that it runs, not a result): caps its training length and data."
 
 
 def flag(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002  (absl's word)
@@ -82,6 +84,8 @@ class Recipe:
     `define_recipe_flags`; ``FLAG_HELP`` words a shared field's help for one experiment."""
 
     FLAG_HELP: ClassVar[dict[str, str]] = {}
+    # What --smoke caps (`apply_smoke`): field -> the largest value a smoke run keeps.
+    SMOKE_CAPS: ClassVar[dict[str, Any]] = {}
     # Flags that exclude each other (a validator is registered for each pair).
     EXCLUSIVE_FLAGS: ClassVar[tuple[tuple[str, str], ...]] = ()
 
@@ -172,15 +176,7 @@ class RunRecipe(Recipe):
         "are printed only beside a result of the same protocol.",
         enum=("", "full", "flickr30k_1k", "flickr8k_1k", "coco_1k", "coco_5k", "first_caption", "folds_100"))
     out_json: str = flag("", "Results JSON (default <run_dir>/results.json).")
-    smoke: bool = flag(
-        False, "Run the row in seconds (a check that it runs, not a result): caps its training length and "
-        "data per family (a scene CNN of one epoch on the slice) — two-branch retrieval: --epochs=1, "
-        "200/100 images, batches of 100; phrase localization: --epochs, --constraint_epochs, "
-        "--hard_negative_epochs at most 1, 40/20 images, 20 proposals; dual path: "
-        "--stage1_epochs=--stage2_epochs=1, 32 training images; fragment and N-pair: --epochs=1 "
-        "--steps_per_epoch=2, 40 training images (batches of at most 16), 20 / 100 test images; "
-        "sentence baselines: 4 mixture components, 2000 words, 32-d vectors "
-        "(tf_twobranch.recipes.SMOKE).")
+    smoke: bool = flag(False, SMOKE_HELP)
 
 
 def from_flags(cls: type[R], fv) -> R:
@@ -201,6 +197,8 @@ def define_recipe_flags(cls: type[Recipe], fv) -> None:
             raise ConfigError(f"{cls.__name__}.{field.name}: a recipe field is declared with recipes.flag(...)")
         default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
         help_text = cls.FLAG_HELP.get(field.name, spec["help"])
+        if field.name == "smoke":
+            help_text = smoke_help(cls.SMOKE_CAPS)
         bounds = {k: spec[k] for k in ("lower_bound", "upper_bound") if spec[k] is not None}
         kind = field.type if isinstance(field.type, str) else field.type.__name__
         if spec["enum"] is not None:
@@ -246,15 +244,14 @@ def apply_profile(recipe: R, typed: Mapping[str, Any], profile: Mapping[str, Any
     return dataclasses.replace(recipe, **applied), applied
 
 
-def prepare_recipe(recipe: R, typed: Mapping[str, Any], profile: Mapping[str, Any],
-                   family: str) -> tuple[R, dict]:
+def prepare_recipe(recipe: R, typed: Mapping[str, Any], profile: Mapping[str, Any]) -> tuple[R, dict]:
     """The row's recipe with the embedded profile (`apply_profile`) and then --smoke
     (`apply_smoke`) applied, each logged; returns it and what the two changed."""
     from absl import logging
     recipe, applied = apply_profile(recipe, typed, profile)
     if applied:
         logging.info("embedded dataset: using its profile defaults %s", applied)
-    recipe, smoke = apply_smoke(recipe, family)
+    recipe, smoke = apply_smoke(recipe)
     if smoke:
         logging.info("--smoke: %s", smoke)
     return recipe, {**applied, **smoke}
@@ -262,56 +259,23 @@ def prepare_recipe(recipe: R, typed: Mapping[str, Any], profile: Mapping[str, An
 
 # --------------------------------------------------------------------------- --smoke
 
-# Caps per family: a row with --smoke trains at most this long on at most this much data.
-# Fields whose 0 means "all" (max_*_images, max_proposals) get the cap when 0.
-SMOKE = {
-    # Two-branch image-sentence retrieval (image_sentence_retrieval, retrieval_table): one epoch on
-    # a slice of the images, whose features (scene CNN of one epoch) are computed for the slice only.
-    "two_branch_retrieval": {"epochs": 1, "max_train_images": 200, "max_test_images": 100,
-                             "scene_cnn_epochs": 1, "batch_size": 100, "cca_components": 64},
-    # Two-branch phrase localization: one epoch per stage, a slice of images and proposals.
-    "two_branch_localization": {"epochs": 1, "constraint_epochs": 1, "hard_negative_epochs": 1,
-                                "max_train_images": 40, "max_test_images": 20, "max_proposals": 20,
-                                "scene_cnn_epochs": 1},
-    # Dual-path CNN (instance_loss): one epoch per stage on 32 training images (= classes).
-    "dual_path": {"stage1_epochs": 1, "stage2_epochs": 1, "max_train_images": 32,
-                  "max_test_images": 50},
-    # Deep fragment embeddings (fragment_embeddings): one epoch of two steps; the batch is capped
-    # with the images (a batch holds distinct images: 100 of 40 cannot be drawn).
-    "fragment_embedding": {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40,
-                           "max_test_images": 20, "batch_size": 16, "scene_cnn_epochs": 1},
-    # N-pair localization (npair_localization): one epoch of two steps, batch capped as above;
-    # 100 test images, one gallery of Table 1's folds_100 protocol (fewer cannot be scored by it).
-    "npair_localization": {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40,
-                           "max_test_images": 100, "batch_size": 16, "scene_cnn_epochs": 1},
-    # Text-only sentence retrieval baselines (sentence_retrieval_baselines): small encoders.
-    "sentence_baselines": {"num_components": 4, "max_fit_words": 2000, "word_vector_dim": 32},
-}
+# Fields whose 0 means "all" get the cap when 0.
 _ZERO_MEANS_ALL = ("max_train_images", "max_test_images", "max_proposals", "steps_per_epoch")
 
-SMOKE_HELP = ("Run the row in seconds (a check that it runs, not a result): caps its training "
-              "length and data per family (a scene CNN of one epoch on the slice) — two-branch "
-              "retrieval: --epochs=1, 200/100 images, batches of 100; phrase "
-              "localization: --epochs, --constraint_epochs, --hard_negative_epochs at most 1, "
-              "40/20 images, 20 proposals; dual path: --stage1_epochs=--stage2_epochs=1, 32 "
-              "training images; fragment and N-pair: --epochs=1 --steps_per_epoch=2, 40 training "
-              "images (batches of at most 16), 20 / 100 test images; sentence baselines: 4 mixture components, 2000 words, 32-d vectors "
-              "(tf_twobranch.recipes.SMOKE).")
+
+def smoke_help(caps: Mapping[str, Any]) -> str:
+    """The --smoke help of an experiment whose --smoke applies `caps` (a recipe's ``SMOKE_CAPS``)."""
+    if not caps:
+        return SMOKE_HELP
+    listed = ", ".join(f"--{name}<={value}" for name, value in caps.items())
+    return f"{SMOKE_HELP[:-1]} (at most {listed}; a 0 that means all gets the cap)."
 
 
-def define_smoke_flag(fv) -> None:
-    """--smoke, the one flag of every experiment that runs any row in seconds (`SMOKE_HELP`);
-    `experiments.common.define_smoke_flag` is this (kept here so tools that import no
-    TensorFlow at start-up can define it too)."""
+def define_smoke_flag(fv, caps: Mapping[str, Any] | None = None) -> None:
+    """--smoke for an experiment that has no recipe of its own (`smoke_help(caps)`); kept here
+    so tools that import no TensorFlow at start-up can define it too."""
     from absl import flags
-    flags.DEFINE_bool("smoke", False, SMOKE_HELP, flag_values=fv)
-
-
-def smoke_overrides(family: str) -> dict:
-    """The caps --smoke puts on a family's fields (see SMOKE)."""
-    if family not in SMOKE:
-        raise KeyError(f"no --smoke caps for family {family!r} (known: {sorted(SMOKE)})")
-    return dict(SMOKE[family])
+    flags.DEFINE_bool("smoke", False, smoke_help(caps or {}), flag_values=fv)
 
 
 def capped(name: str, value, cap):
@@ -321,11 +285,14 @@ def capped(name: str, value, cap):
     return min(value, cap)
 
 
-def apply_smoke(recipe: R, family: str) -> tuple[R, dict]:
-    """The recipe with the family's --smoke caps applied when `recipe.smoke` (else unchanged)."""
+def apply_smoke(recipe: R) -> tuple[R, dict]:
+    """The recipe with its class's --smoke caps (``SMOKE_CAPS``) applied when `recipe.smoke` (else
+    unchanged); returns it and what changed."""
     if not getattr(recipe, "smoke", False):
         return recipe, {}
-    changes = {name: capped(name, getattr(recipe, name), cap)
-               for name, cap in smoke_overrides(family).items() if hasattr(recipe, name)}
+    caps = type(recipe).SMOKE_CAPS
+    if not caps:
+        raise ConfigError(f"{type(recipe).__name__} declares no SMOKE_CAPS: --smoke cannot shorten its rows")
+    changes = {name: capped(name, getattr(recipe, name), cap) for name, cap in caps.items()}
     changes = {k: v for k, v in changes.items() if v != getattr(recipe, k)}
     return dataclasses.replace(recipe, **changes), changes

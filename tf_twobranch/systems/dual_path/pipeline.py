@@ -46,8 +46,6 @@ from tf_twobranch.training import trainer
 from tf_twobranch.training.in_place_sgd import InPlaceSGD
 from tf_twobranch.vectors import l2_normalize_rows
 
-FAMILY = "dual_path"
-
 # The embedded scenes are 96-pixel JPEGs with a ~130-word vocabulary and
 # ambiguous captions. The profile keeps the paper's structure (pretrained
 # image CNN + FC head, 3-4-6-3 text CNN, shared W_share, two stages) at a size
@@ -89,6 +87,8 @@ class DualPathRecipe(RunRecipe):
     FLAG_HELP = {
         "export": "Export the image and text towers as a SavedModel.",
         "paper_results": "Paper numbers: R@1,R@5,R@10 image query then text query (pedes: text query only)."}
+    # --smoke: one epoch per stage on 32 training images (= classes).
+    SMOKE_CAPS = {"stage1_epochs": 1, "stage2_epochs": 1, "max_train_images": 32, "max_test_images": 50}
 
     dataset_kind: str = flag(
         'retrieval', "retrieval: Flickr30K / MSCOCO / embedded scenes (one class per image); pedes: CUHK-PEDES "
@@ -367,7 +367,7 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
     check_dataset_dir(r)
     profile = PEDES_EMBEDDED_PROFILE if r.dataset_kind == "pedes" else EMBEDDED_PROFILE
     r, applied = apply_profile(r, typed or {}, profile)
-    r, smoke = apply_smoke(r, FAMILY)
+    r, smoke = apply_smoke(r)
     if smoke:
         logging.info("--smoke: %s", smoke)
     if not r.dataset_dir and not r.image_weights and r.image_backbone != "scene_cnn":

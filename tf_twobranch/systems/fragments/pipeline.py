@@ -79,6 +79,10 @@ class FragmentRecipe(RunRecipe):
     FLAG_HELP = {
         "export": "Export the model as a SavedModel.",
         "paper_results": "Paper numbers: R@1,R@5,R@10,Med r of image annotation then image search."}
+    # --smoke: one epoch of two steps; the batch is capped with the images (a batch holds distinct
+    # images: 100 of 40 cannot be drawn).
+    SMOKE_CAPS = {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40, "max_test_images": 20,
+                  "batch_size": 16, "scene_cnn_epochs": 1}
 
 
     # Data.

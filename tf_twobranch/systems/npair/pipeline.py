@@ -81,6 +81,10 @@ class NPairRecipe(RunRecipe):
         "export": "Export the model as a SavedModel.",
         "paper_results": "Paper numbers: the pointing accuracy (Table 2 rows), or R@1,R@5,R@10 of image-to-caption "
                          "then caption-to-image (Table 1 rows)."}
+    # --smoke: one epoch of two steps, the batch capped with the images; 100 test images, one
+    # gallery of Table 1's folds_100 protocol (fewer cannot be scored by it).
+    SMOKE_CAPS = {"epochs": 1, "steps_per_epoch": 2, "max_train_images": 40, "max_test_images": 100,
+                  "batch_size": 16, "scene_cnn_epochs": 1}
 
 
     # Data.

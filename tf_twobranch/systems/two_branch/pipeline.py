@@ -35,8 +35,6 @@ from tf_twobranch.tables import (format_retrieval_table, groups_by_test_split, i
                                  paper_numbers, resolve_protocol, split_record, table_title)
 from tf_twobranch.training import trainer
 
-FAMILY = "two_branch_retrieval"
-
 
 # Defaults used when no --dataset_dir is given (the embedded digit scenes),
 # unless the flag is set explicitly. The embedded data is ~12x smaller than
@@ -82,6 +80,10 @@ def shared_field(name: str):
 @dataclasses.dataclass
 class RetrievalRecipe(RunRecipe):
     """One image-sentence retrieval row (fields: the flags of experiments.image_sentence_retrieval)."""
+    # --smoke: one epoch on a slice of the images, whose features (a scene CNN of one epoch) are
+    # computed for the slice only.
+    SMOKE_CAPS = {"epochs": 1, "max_train_images": 200, "max_test_images": 100, "scene_cnn_epochs": 1,
+                  "batch_size": 100, "cca_components": 64}
     dataset_dir: str = flag('', "Dataset folder; empty: the embedded dataset.")
     caption_format: str = caption_format_field(("auto", "karpathy", "token", "coco", "precomp"))
     images_dir: str = images_dir_field()
@@ -148,7 +150,7 @@ def dataset_layout(r):
 
 def prepare(r, typed: dict | None = None):
     """(the recipe with the embedded profile and --smoke applied, what they changed)."""
-    return prepare_recipe(r, typed or {}, EMBEDDED_PROFILE, FAMILY)
+    return prepare_recipe(r, typed or {}, EMBEDDED_PROFILE)
 
 
 def feature_spec(r) -> FeatureSpec:

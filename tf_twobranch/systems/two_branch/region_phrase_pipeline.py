@@ -35,8 +35,6 @@ from tf_twobranch.tables import SMOKE_LINE, is_smoke, localization_paper_beside,
 from tf_twobranch.training import trainer
 from tf_twobranch.vectors import l2_normalize_rows
 
-FAMILY = "two_branch_localization"
-
 SIMILARITY_HEADS = {1: (), 2: (512,), 3: (512, 256)}   # FC layers after the element-wise product
 TABLE_COLUMNS = ("linear", "non-linear", "single pos.", "augm. pos.", "single-dir.", "bi-dir.",
                  "nbr. sampl.", "nbr. constr.")
@@ -63,6 +61,9 @@ class LocalizationRecipe(RunRecipe):
         "export": "Write the end-to-end SavedModel (image bytes, proposals and phrases -> scores; signature "
                   "score_proposals) to <run_dir>/export.",
         "paper_results": "The paper's R@1,R@5,R@10 for this row (fewer when the paper gives fewer)."}
+    # --smoke: one epoch per stage, a slice of images and proposals.
+    SMOKE_CAPS = {"epochs": 1, "constraint_epochs": 1, "hard_negative_epochs": 1, "max_train_images": 40,
+                  "max_test_images": 20, "max_proposals": 20, "scene_cnn_epochs": 1}
 
     dataset_dir: str = flag('', "Flickr30K Entities-style folder; empty: the embedded dataset.")
     images_dir: str = images_dir_field()
@@ -126,7 +127,7 @@ class LocalizationRecipe(RunRecipe):
 
 def prepare(r, typed: dict | None = None):
     """(the recipe with the embedded profile and --smoke applied, what they changed)."""
-    return prepare_recipe(r, typed or {}, EMBEDDED_PROFILE, FAMILY)
+    return prepare_recipe(r, typed or {}, EMBEDDED_PROFILE)
 
 
 def feature_spec(r):

@@ -16,7 +16,10 @@ from tf_twobranch.data.layout import resolve_dataset
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import UserInputError
 
-__all__ = ["sentence_baselines", "format_table"]
+__all__ = ["sentence_baselines", "format_table", "SMOKE_CAPS"]
+
+# --smoke (experiments.sentence_retrieval_baselines): small encoders.
+SMOKE_CAPS = {"num_components": 4, "max_fit_words": 2000, "word_vector_dim": 32}
 
 logger = logging.getLogger("sentence_retrieval_baselines")
 
