@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
     import tensorflow as tf
 
     from tf_twobranch.systems.two_branch.export import export_saved_model
-    from tf_twobranch.export.retrieval import RetrievalGallery
+    from tf_twobranch.export.retrieval_signatures import RetrievalGallery
     from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
     start_rss = _peak_rss_mib()

@@ -32,7 +32,7 @@ def jpeg(seed: int, height: int = 40, width: int = 36) -> bytes:
 def _two_branch(kind: str, folder: pathlib.Path) -> pathlib.Path:
     from tests.test_export_retrieval import NUM_IMAGES, _model, _split
     from tf_twobranch.systems.two_branch.export import export_saved_model
-    from tf_twobranch.export.retrieval import gallery_from_model
+    from tf_twobranch.run_export import gallery_from_model
 
     images, texts, caption_image = _split()
     model = _model(kind)
@@ -88,7 +88,7 @@ DUAL_PATH_WORDS = ["<pad>", "<unk>", "a", "red", "blue", "green", "seven", "thre
 
 def _dual_path(folder: pathlib.Path) -> pathlib.Path:
     from tf_twobranch.systems.dual_path.export import export_dual_path
-    from tf_twobranch.export.retrieval import RetrievalGallery
+    from tf_twobranch.export.retrieval_signatures import RetrievalGallery
     from tf_twobranch.features.scene_cnn import build_scene_cnn, save_scene_cnn
     from tf_twobranch.systems.dual_path.model import DualPathConfig, build_dual_path_model
 
@@ -113,7 +113,7 @@ FRAGMENT_WORDS = ["a", "red", "seven", "on", "grey", "background", "blue", "four
 
 def _fragment(folder: pathlib.Path) -> pathlib.Path:
     from tf_twobranch.systems.fragments.export import export_fragment_model
-    from tf_twobranch.export.retrieval import RetrievalGallery
+    from tf_twobranch.export.retrieval_signatures import RetrievalGallery
     from tf_twobranch.systems.fragments.features import fragment_cnn
     from tf_twobranch.features.scene_cnn import build_scene_cnn
     from tf_twobranch.systems.fragments.model import FragmentEmbeddingConfig, build_fragment_model
@@ -138,7 +138,7 @@ def _npair(folder: pathlib.Path) -> pathlib.Path:
     from tests.test_export_retrieval_fragment_npair import SIZE, VOCABULARY, _npair_model
     from tf_twobranch.data.tokenize import tokenize_caption
     from tf_twobranch.systems.npair.export import export_npair_model
-    from tf_twobranch.export.retrieval import gallery_from_model
+    from tf_twobranch.run_export import gallery_from_model
     from tf_twobranch.systems.npair.features import encode_token_lists
     from tf_twobranch.systems.npair.model import NPairEvaluationSplit
 

@@ -12,7 +12,7 @@ from experiments import common
 from tf_twobranch import systems
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.export import serving
-from tf_twobranch.export.run_export import export_run
+from tf_twobranch.run_export import export_run
 from tf_twobranch.runs import load_run
 
 

@@ -8,7 +8,8 @@ from tf_twobranch.errors import ConfigError
 from tf_twobranch.evaluation import retrieval
 from tf_twobranch.export import serving
 from tf_twobranch.systems.two_branch.export import export_saved_model
-from tf_twobranch.export.retrieval import RetrievalGallery, gallery_from_model
+from tf_twobranch.export.retrieval_signatures import RetrievalGallery
+from tf_twobranch.run_export import gallery_from_model
 from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
 NUM_IMAGES, CAPTIONS_PER_IMAGE, IMAGE_DIM, TEXT_DIM = 30, 5, 6, 5

@@ -21,7 +21,8 @@ from tf_twobranch.evaluation.split import EvaluationSplit
 from tf_twobranch.export import serving
 from tf_twobranch.systems.fragments.export import FragmentServingModule, export_fragment_model, triplet_request
 from tf_twobranch.systems.npair.export import export_npair_model
-from tf_twobranch.export.retrieval import RetrievalGallery, gallery_from_model
+from tf_twobranch.export.retrieval_signatures import RetrievalGallery
+from tf_twobranch.run_export import gallery_from_model
 from tf_twobranch.systems.fragments.image_fragments import extract_fragment_features
 from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.systems.fragments.features import FragmentImages, fragment_cnn

@@ -12,7 +12,7 @@ from experiments import common, leaderboard
 from tf_twobranch import systems
 from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.export import serving
-from tf_twobranch.export.run_export import export_run
+from tf_twobranch.run_export import export_run
 from tf_twobranch.runs import load_run
 
 from fifth_system import experiment

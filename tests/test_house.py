@@ -10,8 +10,8 @@ PACKAGE = REPO_ROOT / "tf_twobranch"
 SYSTEMS = ("two_branch", "dual_path", "fragments", "npair")
 REGISTRY = {"tf_twobranch.systems", "tf_twobranch.systems.registry"}
 # The run-level apps: they load, export, compare or check runs of any system.
-APPS = {"tf_twobranch.runs", "tf_twobranch.run_folders", "tf_twobranch.export.run_export",
-        "tf_twobranch.export.retrieval", "tf_twobranch.leaderboard", "tf_twobranch.tools.export_run"}
+APPS = {"tf_twobranch.runs", "tf_twobranch.run_folders", "tf_twobranch.run_export",
+        "tf_twobranch.leaderboard", "tf_twobranch.tools.export_run"}
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -3,8 +3,8 @@
 * `serving`: input specs, Keras-variable tracking, in-graph validation, batch image decoding, warm-up files.
 * `saved_model`: the tower-pair signature base, the atomic save with run config and warm-up file, the warm-up JPEG.
 * `retrieval_signatures`: the `RetrievalGallery` and the ``retrieve_*`` signatures every system's export adds.
-* `retrieval`: `gallery_from_model`, the gallery a model of any system embeds (above the system exports).
-* `run_export`: `export_run`, a run folder's export with its gallery.
+* `run_gallery`: `RunExport`, what a system's export of a run gives the app `tf_twobranch.run_export`
+  (`export_run`, `gallery_from_model`), and the gallery files' readers.
 
 The systems' exports: `systems.two_branch.export` (`export_saved_model`),
 `systems.two_branch.region_phrase_export` (`export_region_phrase_model`),

@@ -11,7 +11,7 @@ signatures,
 
 The gallery's tower outputs are computed once, when the export is written,
 with what the model's ``evaluate`` feeds the evaluation core
-(`tf_twobranch.export.retrieval.gallery_from_model`), and stored in the SavedModel as variables. A query
+(`tf_twobranch.run_export.gallery_from_model`), and stored in the SavedModel as variables. A query
 is scored against the whole gallery exactly as the core scores that pair,
 so the order of ``retrieve_*`` is the core's ranking; among equal scores the
 lower gallery index comes first (`tf.math.top_k`), where the core counts

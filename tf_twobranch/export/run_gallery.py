@@ -4,7 +4,7 @@ A system's `export(run, task)` (`tf_twobranch.systems.registry.System`) returns 
 the run's evaluated split as a gallery (image ids and ``<image>#<k>`` caption ids, embedded as
 ``evaluate`` embeds them), a serving module whose query functions embed a folder of JPEGs or a
 caption file as the export's ``retrieve_*`` signatures embed a query (`build_gallery`), and the
-writer. The app `tf_twobranch.export.run_export.export_run` puts them together.
+writer. The app `tf_twobranch.run_export.export_run` puts them together.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ r"""Writes the serving SavedModel of any finished run folder, with a retrieval g
 
 Every family (two-branch image–sentence and phrase-localization rows, the dual path, deep
 fragment embeddings, N-pair localization) is exported from its raw inputs where the run's
-pieces are known (`tf_twobranch.export.run_export`): JPEG bytes and captions (fragment rows:
+pieces are known (`tf_twobranch.run_export`): JPEG bytes and captions (fragment rows:
 JPEG bytes + boxes, and parse triplets). The gallery (``retrieve_captions`` / ``retrieve_images``)
 is the run's evaluated split (--gallery, default: that split), or a folder of JPEGs
 (--gallery_images; ids: the file names without extension) and/or a caption file
@@ -57,7 +57,7 @@ def run() -> None:
     # TensorFlow is imported once the cheap checks have passed (and --help starts fast).
     import tensorflow_text  # noqa: F401  (tokenizer ops of the exports' in-graph text encoders)
 
-    from tf_twobranch.export.run_export import export_run
+    from tf_twobranch.run_export import export_run
     path = export_run(FLAGS.run_dir, FLAGS.export_dir, gallery=FLAGS.gallery, gallery_images=FLAGS.gallery_images,
                       gallery_captions=FLAGS.gallery_captions, gallery_block=FLAGS.gallery_block,
                       checkpoint=FLAGS.checkpoint)

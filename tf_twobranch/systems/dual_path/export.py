@@ -145,7 +145,7 @@ def export_dual_path(model: DualPathModel, vocabulary: Sequence[str], export_dir
                      run_config: dict | None = None, resize_to: int | None = None,
                      gallery: RetrievalGallery | None = None) -> pathlib.Path:
     """Writes the serving SavedModel (with warm-up file and run config) atomically; with a
-    `gallery` (`export.retrieval.gallery_from_model`) it also serves ``retrieve_*``."""
+    `gallery` (`run_export.gallery_from_model`) it also serves ``retrieve_*``."""
     module = DualPathServingModule(model, vocabulary, gallery)
     config = {**(run_config or {}), "vocabulary": list(vocabulary),
               "test_image": "whole image resized to image_size, averaged with its flip"}

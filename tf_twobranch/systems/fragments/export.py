@@ -58,7 +58,7 @@ the image fragments are computed in the graph from the image files:
   of ``embed_sentences``.
 
 Exported with a gallery (``gallery=``, `fragment_gallery` /
-`tf_twobranch.export.retrieval.gallery_from_model`): ``retrieve_captions``
+`tf_twobranch.run_export.gallery_from_model`): ``retrieve_captions``
 (the image input: ``image_jpeg``, ``boxes``, ``num_boxes`` with the CNN,
 else ``image_fragments``, ``image_mask``; and ``k``) and ``retrieve_images``
 (the parse triplets of ``embed_sentences`` and ``k``) → the top-k gallery

@@ -38,7 +38,7 @@ clipped, not refused), ids ``<start> words <end>`` padded with ``<end>``
 to ``max_tokens`` (= max_words + 2).
 
 Retrieval (exported with ``gallery=``, `npair_gallery` /
-`tf_twobranch.export.retrieval.gallery_from_model`): ``retrieve_captions``
+`tf_twobranch.run_export.gallery_from_model`): ``retrieve_captions``
 (``image_jpeg`` (B,), ``k``) and ``retrieve_images`` (``caption`` (B,), ``k``)
 → the top-k gallery ``caption_ids`` / ``image_ids``, their indices and
 scores, best first (`tf_twobranch.export.retrieval_signatures`). The gallery holds each

@@ -323,7 +323,7 @@ def export_saved_model(model: TwoBranchModel, export_dir, *, text_encoder=None,
         ``{"model": model.config}``); its ``serving`` block is completed with
         what the export takes (`TwoBranchServingModule.serving_description`).
       model_name: ``model_spec.name`` in the warm-up requests.
-      gallery: a `RetrievalGallery` (`export.retrieval.gallery_from_model`):
+      gallery: a `RetrievalGallery` (`run_export.gallery_from_model`):
         adds the ``retrieve_captions`` / ``retrieve_images`` signatures.
 
     Raises:

@@ -1,4 +1,6 @@
-"""The serving export of a finished run folder, with a retrieval gallery (issue 25 items 1–2).
+"""The serving export of a finished run folder, with a retrieval gallery (issue 25 items 1–2), and
+the gallery a model of any system embeds. A run-level app: it reaches a system only through the
+`tf_twobranch.systems` registry, like `tf_twobranch.runs.load_run`.
 
 `export_run(run_dir, export_dir, ...)` loads any run with `tf_twobranch.runs.load_run`; the
 system that wrote it (`tf_twobranch.systems` registry, `System.export`) gives its `RunExport`
@@ -22,18 +24,18 @@ as a query is embedded as the gallery holds it.
 from __future__ import annotations
 
 import pathlib
+from typing import Sequence
 
 from absl import logging
 
 from tf_twobranch import systems
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.export.run_gallery import (EMBED_BATCH, JPEG_SUFFIXES, RunExport, build_gallery,
-                                             gallery_caption_ids, list_gallery_images, read_gallery_captions)
+from tf_twobranch.export.retrieval_signatures import RetrievalGallery
+from tf_twobranch.export.run_gallery import build_gallery, list_gallery_images
 from tf_twobranch.run_folders import read_run_task
 from tf_twobranch.runs import load_run
 
-__all__ = ["RunExport", "export_run", "build_gallery", "gallery_caption_ids", "read_gallery_captions",
-           "list_gallery_images", "JPEG_SUFFIXES", "EMBED_BATCH"]
+__all__ = ["export_run", "gallery_from_model"]
 
 
 def export_run(run_dir, export_dir, *, gallery: str | None = None, gallery_images=None, gallery_captions=None,
@@ -68,3 +70,16 @@ def export_run(run_dir, export_dir, *, gallery: str | None = None, gallery_image
     if chosen is not None:
         logging.info("gallery: %d images, %d captions", len(chosen.image_ids), len(chosen.caption_ids))
     return fe.write(pathlib.Path(export_dir), chosen, gallery_block)
+
+
+def gallery_from_model(model, split, image_ids: Sequence[str], caption_ids: Sequence[str]) -> RetrievalGallery:
+    """The `RetrievalGallery` an export's ``retrieve_*`` signatures rank: the items of `split`
+    embedded by `model` exactly as its ``evaluate`` embeds them, by the gallery function of the
+    model's system (`System.gallery`).
+
+    Two-branch: the tower outputs (`split` an `EvaluationSplit` or a dict with ``image``, ``text``
+    and ``caption_image``); dual path: the L2-normalised, flip-averaged embeddings; deep fragment
+    embeddings: the fragments of ``model.embed_split``; N-pair: the normalised projected maps and
+    token vectors (`split` an `NPairEvaluationSplit`). One id per image row and per caption.
+    """
+    return systems.for_model(model).gallery(model, split, image_ids, caption_ids)
