@@ -1,6 +1,6 @@
 """One row of the fifth system: train on a dataset folder's train split, evaluate on its test split.
 
-    python -m fifth_system.experiment --flagfile=tests/fifth_system/smoke.cfg   (tests/ on the path)
+    python -m tests.fifth_system.experiment --flagfile=tests/fifth_system/smoke.cfg   (from the repository root)
 
 The leaderboard calls `define_flags` and `run` as it calls every experiment's.
 """
@@ -25,7 +25,7 @@ from tf_twobranch.run_records import write_results
 from tf_twobranch.tables import split_record
 from tf_twobranch.training import trainer
 
-from fifth_system.model import MeanVectorConfig, build_model
+from tests.fifth_system.model import MeanVectorConfig, build_model
 
 TASK = "mean_vectors"
 
@@ -104,6 +104,6 @@ def run(fv: flags.FlagValues) -> dict:
               "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
     write_results(run_dir / "results.json", record)
     if fv.export:
-        from fifth_system.export import write_export
+        from tests.fifth_system.export import write_export
         write_export(model, run_dir / "export", vocabulary, record)
     return record

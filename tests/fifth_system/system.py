@@ -7,7 +7,7 @@ from tf_twobranch.systems.registry import (LEADERBOARD_RETRIEVAL_FLAGS, Leaderbo
                                            System)
 
 MEAN_VECTORS = RunTask("mean_vectors", "a mean-vector run (the fifth system, tests/fifth_system)",
-                       "fifth_system.experiment", None)
+                       "tests.fifth_system.experiment", None)
 FLAGFILE = str(pathlib.Path(__file__).with_name("smoke.cfg"))
 
 
@@ -15,7 +15,7 @@ def load(run_dir: pathlib.Path, checkpoint: str):
     from tf_twobranch.checkpoints import load_checkpoint
     from tf_twobranch.run_loading import Run, run_results, run_weights
 
-    from fifth_system.model import MeanVectorConfig, MeanVectorModel, build_model
+    from tests.fifth_system.model import MeanVectorConfig, MeanVectorModel, build_model
 
     config, extra = MeanVectorModel.load_config(run_dir / MeanVectorConfig.FILE_NAME)
     model = build_model(config)
@@ -25,12 +25,12 @@ def load(run_dir: pathlib.Path, checkpoint: str):
 
 
 def export(run, task: str):
-    from fifth_system.export import run_export
+    from tests.fifth_system.export import run_export
     return run_export(run)
 
 
 def gallery(model, split, image_ids, caption_ids):
-    from fifth_system.export import split_gallery
+    from tests.fifth_system.export import split_gallery
     return split_gallery(model, split, image_ids, caption_ids)
 
 
