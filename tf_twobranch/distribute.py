@@ -10,7 +10,7 @@ which pairs match) of every replica, computes the per-example loss of its own
 *local* anchors against that global gallery, sums it, and divides by the
 global number of anchors.  Keras sums gradients over replicas, so the update
 equals the gradient of the mean loss of one big single-device batch — the
-property `tests/test_distribute.py` checks with two worker processes.
+property `tests/core/training/test_distribute.py` checks with two worker processes.
 
 The contract, for a loss computed inside ``strategy.run`` / ``train_step``:
 

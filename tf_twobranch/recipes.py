@@ -3,7 +3,7 @@
 Each experiment turns its flags into its recipe once, in its entry point
 (`from_flags(RecipeClass, FlagValues)`); the library pipelines
 (`tf_twobranch.systems.*.pipeline`) take the recipe, never `FlagValues`. A recipe's
-fields are exactly its experiment's flag names (`tests/test_recipes.py`), so a
+fields are exactly its experiment's flag names (`tests/apps/test_recipes.py`), so a
 recipe is also what a notebook user writes instead of a flagfile::
 
     from tf_twobranch.systems.two_branch import pipeline

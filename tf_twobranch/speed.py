@@ -6,7 +6,7 @@ variables, losses, all-gathers and evaluation stay float32 (every model casts
 its outputs to float32).  Under ``mixed_float16`` Keras wraps the optimizer in
 a `LossScaleOptimizer`; the models' ``train_step`` scales the loss through
 ``optimizer.scale_loss``.  XLA (``jit_compile``) compiles the whole train
-step; the tolerances against float32 are checked in ``tests/test_speed.py``
+step; the tolerances against float32 are checked in ``tests/core/test_speed.py``
 and stated in BUILD_NOTES.md.
 
 `best_matmul_seconds` times this machine's float32 `tf.matmul`: the main

@@ -43,7 +43,7 @@ runtime dependency). Without it the four messages needed here
 declared at run time from a small `FileDescriptorProto` with the field
 numbers of tensorflow_serving/apis/*.proto, in a private descriptor pool (no
 clash if the real package is imported later); both write the same bytes
-(deterministic serialisation; tests/test_serving_requests.py compares them).
+(deterministic serialisation; tests/apps/test_serving_requests.py compares them).
 Inputs are TensorFlow's own `TensorProto`.
 
 Keras 3 models inside a `tf.Module` need `track_keras_variables`, or TF

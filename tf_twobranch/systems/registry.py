@@ -85,7 +85,7 @@ class System:
     its model embeds, as its ``evaluate`` embeds `split`.
     `recognise`: the task of an older folder (no recorded task) from the files only this system's runs write.
     `leaderboard`: its lines in the leaderboard (`experiments.leaderboard`).
-    `smoke_row`: one of its rows at a size the contract test (`tests/test_system_contract.py`) runs
+    `smoke_row`: one of its rows at a size the contract test (`tests/systems/test_system_contract.py`) runs
     in seconds on a small dataset folder (given with --dataset_dir and --run_dir).
     """
     name: str

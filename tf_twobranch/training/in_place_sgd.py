@@ -16,7 +16,7 @@ place,
     var  += accum                                   (Nesterov: var += accum * momentum - grad * lr)
 
 — Keras' formula, with the same float32 operations in the same order
-(`tests/test_in_place_sgd.py` checks bit equality with `keras.optimizers.SGD`
+(`tests/core/training/test_in_place_sgd.py` checks bit equality with `keras.optimizers.SGD`
 over several steps, with and without Nesterov and weight decay). Gradients
 that are `IndexedSlices` (an embedding's), other dtypes than the variable's,
 and plain SGD (momentum 0) take Keras' own update unchanged.
