@@ -32,7 +32,7 @@ import numpy as np
 
 from tf_twobranch import json_files, systems
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.systems.registry import LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun
+from tf_twobranch.systems.registry import LeaderboardLine, LeaderboardRun, Ordering, Side
 from tf_twobranch.table_runner import slug
 
 RETRIEVAL_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "rsum")
@@ -70,61 +70,25 @@ def line_keys() -> tuple[str, ...]:
 
 # ---------------------------------------------------------------------------- paper orderings
 
-# The sibling rows the paper orderings below need beside the leaderboard's systems (same
-# protocol and split; the N-pair rows grounded on the same phrases).
-_COMMON = LEADERBOARD_RETRIEVAL_FLAGS
-SIBLINGS: dict[str, LeaderboardRun] = {
-    "b5": LeaderboardRun("image_sentence_retrieval", "table2_b5_nonlinear_bidir_nbr_sampling", _COMMON),
-    "fragment_global": LeaderboardRun("fragment_embeddings", "karpathy_table3_fragment_global", _COMMON),
-    "triplet": LeaderboardRun("npair_localization", "das_table2_triplet", (*_COMMON, "--row_metric=auto")),
-    "centre": LeaderboardRun("npair_localization", "das_table2_centre", _COMMON),
-    "channel_mean": LeaderboardRun("npair_localization", "das_table2_vgg_channel_mean", _COMMON),
-}
+# Each system declares its paper's orderings and the sibling rows they compare against
+# (`System.orderings`, `System.siblings`); every line is also checked against random ranking.
+RANDOM_KEY = "random"
 
 
-@dataclasses.dataclass(frozen=True)
-class Side:
-    """One side of an ordering: a leaderboard system's or a sibling's record, and its metric:
-    'rsum' (retrieval), 'pointing' / 'box_r1' (grounding), or 'stage1_rsum' (the first stage of a
-    staged record, e.g. the dual path's Stage I)."""
-    label: str
-    source: str
-    metric: str = "rsum"
+def siblings() -> dict[str, LeaderboardRun]:
+    """The sibling rows the registered systems' orderings need beside the lines (same protocol and
+    split; the N-pair rows grounded on the same phrases), by key."""
+    return systems.leaderboard_siblings()
 
 
-@dataclasses.dataclass(frozen=True)
-class Ordering:
-    """A claim of a paper (`paper`) that `better` scores above `worse`, checked seed by seed."""
-    claim: str
-    paper: str
-    better: Side
-    worse: Side
+def orderings() -> tuple[Ordering, ...]:
+    """The registered systems' paper orderings, then "every line beats random ranking"."""
+    beats_random = tuple(Ordering(f"{key} beats random ranking", "every paper", Side(key, key),
+                                  Side(RANDOM_KEY, RANDOM_KEY))
+                         for key in line_keys() if key != RANDOM_KEY)
+    return systems.leaderboard_orderings() + beats_random
 
 
-ORDERINGS: tuple[Ordering, ...] = (
-    Ordering("neighbourhood constraints help", "TPAMI Table 2 (b5 < b6)",
-             Side("b6 full model", "embedding"), Side("b5 nbr. sampling", "b5")),
-    Ordering("embedding network beats the similarity network", "TPAMI Table 2 (b6 > d)",
-             Side("embedding", "embedding"), Side("similarity", "similarity")),
-    Ordering("embedding network beats CCA", "TPAMI Table 2 (b6 > a1)",
-             Side("embedding", "embedding"), Side("CCA", "cca")),
-    Ordering("embedding network localizes phrases better than CCA", "TPAMI Table 1 (b6 > a)",
-             Side("embedding", "embedding", "box_r1"), Side("CCA", "cca", "box_r1")),
-    Ordering("similarity network localizes phrases better than CCA", "TPAMI Table 1 (c4 > a)",
-             Side("similarity", "similarity", "box_r1"), Side("CCA", "cca", "box_r1")),
-    Ordering("Stage II beats Stage I", "Zheng Table 1",
-             Side("Stage II", "dual_path"), Side("Stage I", "dual_path", "stage1_rsum")),
-    Ordering("MIL helps", "Karpathy Table 3 (\u2020 + MIL > \u2020)",
-             Side("\u2020 + MIL", "fragments"), Side("\u2020 fragment + global", "fragment_global")),
-    Ordering("N-pair beats triplet (pointing game)", "Das Table 2",
-             Side("N-pair", "npair", "pointing"), Side("triplet", "triplet", "pointing")),
-    Ordering("N-pair beats the centre baseline (pointing game)", "Das Table 2",
-             Side("N-pair", "npair", "pointing"), Side("centre", "centre", "pointing")),
-    Ordering("N-pair beats the backbone channel-mean baseline (pointing game)", "Das Table 2",
-             Side("N-pair", "npair", "pointing"), Side("channel mean", "channel_mean", "pointing")),
-    *(Ordering(f"{key} beats random ranking", "every paper", Side(key, key), Side("random", "random"))
-      for key in ("cca", "embedding", "similarity", "dual_path", "fragments", "npair")),
-)
 ONE_SEED_VERDICT = "one seed: not tested (the rule needs >= 2 seeds)"
 ORDERING_RULE = ("an ordering holds beyond the seed spread when the paired difference (better - worse, "
                  "same seed) is positive on every seed and its mean exceeds twice its standard deviation "
@@ -133,12 +97,12 @@ ORDERING_RULE = ("an ordering holds beyond the seed spread when the paired diffe
 
 def siblings_needed(systems: Sequence[str]) -> list[str]:
     """The sibling rows of the orderings whose leaderboard systems are all in `systems`."""
-    keys = set(systems)
+    keys, rows = set(systems), siblings()
     needed = []
-    for o in ORDERINGS:
+    for o in orderings():
         sides = (o.better.source, o.worse.source)
-        if all(s in keys or s in SIBLINGS for s in sides) and any(s in keys for s in sides):
-            needed += [s for s in sides if s in SIBLINGS and s not in needed]
+        if all(s in keys or s in rows for s in sides) and any(s in keys for s in sides):
+            needed += [s for s in sides if s in rows and s not in needed]
     return needed
 
 
@@ -171,13 +135,13 @@ def side_value(side: Side, entry: dict) -> tuple[float | None, tuple | None]:
     return (None, None) if value is None else (float(value), ("split",) + split_identity(record))
 
 
-def check_orderings(entries: dict[str, list[dict]], orderings: Sequence[Ordering] = ORDERINGS) -> list[dict]:
+def check_orderings(entries: dict[str, list[dict]], checked: Sequence[Ordering] | None = None) -> list[dict]:
     """Every ordering with both sides present: the paired differences per seed and the verdict.
 
     `entries[key]` is one entry per seed (index = seed) for a system or a sibling key, as in
     `assemble`. Sides measured on different splits, protocols or phrase sets are not compared."""
     out = []
-    for o in orderings:
+    for o in orderings() if checked is None else checked:
         better_runs, worse_runs = entries.get(o.better.source), entries.get(o.worse.source)
         if not better_runs or not worse_runs:
             continue
@@ -229,19 +193,13 @@ def format_orderings(rows: Sequence[dict]) -> str:
 
 # ---------------------------------------------------------------------------- cost
 
-# Seconds of each run on the embedded data (features included: they are computed once, for the first
-# seed, since every seed shares them) on the machine of BUILD_NOTES.md's leaderboard runs (sessions 12
-# and 14: the shared 2-core Xeon, loaded, so upper bounds; the dual path: its 100 + 20 epoch profile,
-# 2,238 s on Zen 4 beside two other jobs), by flagfile; "run" for any other. Scaled by
-# this machine's matmul probe as the main job's estimate is (`speed.estimate_on_this_machine`).
-REFERENCE_RUN_SECONDS = {
-    "karpathy_table3_random_ranking": 60, "table2_a1_cca_fv_hglmm": 150, "table1_a_cca": 200,
-    "table2_b6_nonlinear_bidir_nbr_constraints": 150, "table1_b6_nonlinear_augm_pos_bidir_nbr_constraints": 200,
-    "table2_d_similarity": 180, "table1_c4_similarity_nonlinear_augm_pos": 200,
-    "zheng_table1_resnet50_stage2": 2200, "karpathy_table3_fragment_global_mil": 350,
-    "das_table2_npair_word": 150, "table2_b5_nonlinear_bidir_nbr_sampling": 150,
-    "karpathy_table3_fragment_global": 300, "das_table2_triplet": 150, "das_table2_centre": 40,
-    "das_table2_vgg_channel_mean": 60, "run": 200}
+# A run's seconds on the embedded data (features included: they are computed once, for the first
+# seed, since every seed shares them) on the machine of BUILD_NOTES.md's leaderboard runs (the
+# shared 2-core Xeon, loaded, so upper bounds; the dual path: its 100 + 20 epoch profile, 2,238 s on
+# Zen 4 beside two other jobs): each system declares its runs' (`LeaderboardRun.reference_seconds`),
+# this for a run that does not. Scaled by this machine's matmul probe as the main job's estimate is
+# (`speed.estimate_on_this_machine`).
+DEFAULT_RUN_SECONDS = 200
 ESTIMATE_SPREAD = 1.3   # `speed.ESTIMATE_SPREAD` (speed imports TensorFlow; this module does not)
 
 
@@ -249,8 +207,7 @@ def estimate_seconds(runs: Sequence[LeaderboardRun]) -> float:
     """The expected wall time of training `runs` on this machine (embedded data)."""
     from tf_twobranch.speed import estimate_on_this_machine
 
-    return estimate_on_this_machine(sum(REFERENCE_RUN_SECONDS.get(run.flagfile, REFERENCE_RUN_SECONDS["run"])
-                                        for run in runs))
+    return estimate_on_this_machine(sum(run.reference_seconds or DEFAULT_RUN_SECONDS for run in runs))
 
 
 
@@ -788,7 +745,7 @@ def planned_runs(systems_: Sequence[str], seeds: int, base: pathlib.Path, *, gro
                 if line.grounding and grounding:
                     planned.append((line.key, line.grounding, seed, folder / "grounding"))
     for key in (siblings_needed(systems_) if orderings else []):
-        planned += [(key, SIBLINGS[key], seed, base / f"seed{seed}" / "siblings" / key) for seed in range(seeds)]
+        planned += [(key, siblings()[key], seed, base / f"seed{seed}" / "siblings" / key) for seed in range(seeds)]
     return planned
 
 

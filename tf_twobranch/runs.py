@@ -13,7 +13,6 @@ import pathlib
 
 from tf_twobranch import systems
 from tf_twobranch.errors import UserInputError
-from tf_twobranch.json_files import read_json_object
 from tf_twobranch.run_folders import read_run_task
 from tf_twobranch.run_loading import Run, config_folder, record_feature_split, run_results, run_weights
 
@@ -31,28 +30,4 @@ def load_run(run_dir, checkpoint: str = "latest") -> Run:
                              "results.json or run_config.json with its task, or a model "
                              "configuration (run_config.json, dual_path_config.json, "
                              "fragment_config.json, npair_config.json) here or in stage1/, stage2/")
-    _refuse_a_cca_run(run_dir, found[0].name)
     return systems.for_task(found[0].name).load(run_dir, checkpoint)
-
-
-def _refuse_a_cca_run(run_dir: pathlib.Path, task: str) -> None:
-    """A CCA baseline row (``--model=cca``) trains no network and keeps no model: it fits CCA in
-    closed form and evaluates it in the same process. Said plainly, with what the folder does
-    hold, instead of "needs run_config.json"."""
-    results = run_dir / "results.json"
-    if task not in ("image_sentence_retrieval", "phrase_localization") or not results.is_file():
-        return
-    record = read_json_object(results, "experiment results")
-    flags = record.get("flags") if isinstance(record.get("flags"), dict) else {}
-    if flags.get("model") != "cca" or (run_dir / "run_config.json").exists():
-        return
-    metrics = record.get("metrics")
-    summary = ""
-    if isinstance(metrics, dict):
-        shown = [f"{k} {v:.1f}" for k, v in metrics.items() if isinstance(v, (int, float))][:4]
-        summary = f" ({', '.join(shown)}{', ...' if len(metrics) > len(shown) else ''})" if shown else ""
-    raise UserInputError(
-        f"{run_dir}: a CCA baseline run (--model=cca): CCA is fitted in closed form and evaluated in "
-        f"the same run, so the folder keeps its metrics in results.json{summary} but no model for "
-        "load_run to load (read the metrics with tf_twobranch.runs.run_results(run_dir, run_dir)). "
-        "A loadable, exportable model comes from the same row with --model=embedding or --model=similarity")

@@ -111,7 +111,7 @@ def test_every_system_on_one_split_with_grounding_and_files(tiny):
     # Paper orderings: every ordering is checked on this one seed, sibling rows on the same split
     # and phrases (nothing set aside as measured elsewhere).
     orderings = {o["claim"]: o for o in board["orderings"]}
-    assert set(orderings) == {o.claim for o in lb.ORDERINGS}
+    assert set(orderings) == {o.claim for o in lb.orderings()}
     for claim, o in orderings.items():
         assert len(o["seeds"]) == 1 and not o["notes"], (claim, o["notes"])
         assert o["verdict"] == lb.ONE_SEED_VERDICT and "holds" not in o["verdict"]
@@ -303,7 +303,7 @@ def test_every_leaderboard_run_keeps_its_experiments_schedule():
     # The leaderboard's budget is each experiment's embedded profile: at 60 + 15 epochs (the
     # shortening it had) the dual path's Stage I had not converged and Stage II > Stage I stayed
     # within the seed spread (+19.6 +- 10.2).
-    runs = [r for s in lb.lines() for r in (s.retrieval, s.grounding) if r] + list(lb.SIBLINGS.values())
+    runs = [r for s in lb.lines() for r in (s.retrieval, s.grounding) if r] + list(lb.siblings().values())
     assert not [f for r in runs for f in r.flags if "epochs" in f]
 
 
@@ -395,3 +395,38 @@ def test_the_estimate_is_printed_up_front(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     # cca: retrieval + grounding, dual path: retrieval (no ordering has both sides here); two seeds.
     assert "Estimated time on this machine: 6–8 min for 6 runs to train (0 reused" in out
+
+
+def test_orderings_and_their_sibling_rows_are_the_systems_own():
+    import dataclasses
+
+    from tf_twobranch import systems
+    from tf_twobranch.errors import ConfigError
+    from tf_twobranch.systems.registry import LeaderboardRun, LeaderboardSibling, Ordering, Side
+    declared = [o for s in systems.all() for o in s.orderings]
+    beats_random = [o for o in lb.orderings() if o.paper == "every paper"]
+    assert list(lb.orderings()) == declared + beats_random
+    assert [o.better.source for o in beats_random] == [k for k in lb.line_keys() if k != lb.RANDOM_KEY]
+    assert lb.siblings() == {x.key: x.run for s in systems.all() for x in s.siblings}
+    # Every side names a line or a sibling, and every run the leaderboard trains says what it costs.
+    keys = set(lb.line_keys()) | set(lb.siblings())
+    assert all({o.better.source, o.worse.source} <= keys for o in lb.orderings())
+    runs = [r for s in lb.lines() for r in (s.retrieval, s.grounding) if r] + list(lb.siblings().values())
+    assert all(r.reference_seconds for r in runs)
+    # A system registered beside them brings its own; a key another system holds is refused.
+    base = systems.get("npair")
+    extra = dataclasses.replace(
+        base, name="extra_npair", tasks=(dataclasses.replace(base.tasks[0], name="extra_task"),), leaderboard=(),
+        siblings=(LeaderboardSibling("extra_centre", LeaderboardRun("extra_task", "das_table2_centre")),),
+        orderings=(Ordering("N-pair beats another centre", "p", Side("N-pair", "npair", "pointing"),
+                            Side("centre", "extra_centre", "pointing")),))
+    systems.register(extra)
+    try:
+        assert "extra_centre" in lb.siblings() and extra.orderings[0] in lb.orderings()
+        assert "extra_centre" in lb.siblings_needed(["npair"])
+    finally:
+        systems.unregister("extra_npair")
+    clash = dataclasses.replace(extra, siblings=(LeaderboardSibling("b5", LeaderboardRun("extra_task", "x")),))
+    with pytest.raises(ConfigError, match="'b5' belongs to another system"):
+        systems.register(clash)
+    assert "extra_npair" not in [s.name for s in systems.all()]

@@ -158,3 +158,15 @@ def test_every_test_path_the_docs_and_the_code_name_exists():
             if not ok:
                 missing.append(f"{source.relative_to(REPO_ROOT)}: {found}")
     assert not missing, missing
+
+
+def test_apps_hold_no_system_data_no_task_names_or_row_flagfiles():
+    """What a system's runs are called and which rows the leaderboard trains (its lines, the paper
+    orderings and their sibling rows) are declared by the system, not written into an app."""
+    from tf_twobranch import systems
+    tasks = set(systems.tasks())
+    stems = {p.stem for p in (REPO_ROOT / "experiments" / "configs").glob("*.cfg")}
+    for module in sorted(APPS):
+        strings = {node.value for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+        assert not strings & (tasks | stems), f"{module} names {sorted(strings & (tasks | stems))}"

@@ -11,9 +11,9 @@ preparation, the pipeline that runs a row, its export, evaluation pieces and fig
 no other system folder; what two systems share lives in the core (`tf_twobranch.data`,
 `features`, `evaluation`, `training`, `export` plumbing, `recipes`).
 """
-from tf_twobranch.systems.registry import (LeaderboardLine, LeaderboardRun, RunTask, System, all_systems,
-                                           for_model, for_task, get, leaderboard_lines, register, tasks,
-                                           unregister)
+from tf_twobranch.systems.registry import (LeaderboardLine, LeaderboardRun, LeaderboardSibling, Ordering, RunTask,
+                                           Side, System, all_systems, for_model, for_task, get, leaderboard_lines,
+                                           leaderboard_orderings, leaderboard_siblings, register, tasks, unregister)
 from tf_twobranch.systems.two_branch.system import SYSTEM as _TWO_BRANCH
 from tf_twobranch.systems.dual_path.system import SYSTEM as _DUAL_PATH
 from tf_twobranch.systems.fragments.system import SYSTEM as _FRAGMENTS
@@ -24,6 +24,7 @@ for _system in (_TWO_BRANCH, _DUAL_PATH, _FRAGMENTS, _NPAIR):
 
 all = all_systems   # noqa: A001  `systems.all()`, as `systems.get(name)`
 
-__all__ = ["RunTask", "System", "LeaderboardLine", "LeaderboardRun", "register", "unregister", "get", "all",
-           "for_task", "for_model", "tasks", "leaderboard_lines"]
+__all__ = ["RunTask", "System", "LeaderboardLine", "LeaderboardRun", "LeaderboardSibling", "Ordering", "Side",
+           "register", "unregister", "get", "all", "for_task", "for_model", "tasks", "leaderboard_lines",
+           "leaderboard_siblings", "leaderboard_orderings"]
 

@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 from tf_twobranch.errors import ConfigError
 
-__all__ = ["RunTask", "LeaderboardRun", "LeaderboardLine", "System", "register", "unregister", "get",
-           "all_systems", "for_task", "for_model", "tasks", "leaderboard_lines", "stage_file",
-           "LEADERBOARD_RETRIEVAL_FLAGS", "LEADERBOARD_REGION_FLAGS"]
+__all__ = ["RunTask", "LeaderboardRun", "LeaderboardLine", "LeaderboardSibling", "Side", "Ordering", "System",
+           "register", "unregister", "get", "all_systems", "for_task", "for_model", "tasks", "leaderboard_lines",
+           "leaderboard_siblings", "leaderboard_orderings", "stage_file", "LEADERBOARD_RETRIEVAL_FLAGS",
+           "LEADERBOARD_REGION_FLAGS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +46,13 @@ LEADERBOARD_REGION_FLAGS = ("--noexport", "--max_test_images=0")
 class LeaderboardRun:
     """One run the leaderboard trains: a flagfile (a name in experiments/configs/ or a path) of the
     experiment of `task` (`RunTask.experiment`: its ``define_flags`` and ``run``), and the flags
-    added to it. On the embedded data a run keeps its experiment's embedded profile."""
+    added to it. On the embedded data a run keeps its experiment's embedded profile.
+    `reference_seconds`: its wall time on the embedded data on the reference machine of
+    `tf_twobranch.leaderboard.estimate_seconds` (None: that function's default)."""
     task: str
     flagfile: str
     flags: tuple[str, ...] = ()
+    reference_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,33 @@ class LeaderboardLine:
 
 
 @dataclasses.dataclass(frozen=True)
+class LeaderboardSibling:
+    """A row the leaderboard runs beside the lines only because a paper ordering compares against it
+    (e.g. b5 for "neighbourhood constraints help"); `key` is what an ordering's `Side` names."""
+    key: str
+    run: LeaderboardRun
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of an ordering: a leaderboard line's or a sibling's record (`source`, its key), and
+    its metric: 'rsum' (retrieval), 'pointing' / 'box_r1' (grounding), or 'stage1_rsum' (the first
+    stage of a staged record, e.g. the dual path's Stage I)."""
+    label: str
+    source: str
+    metric: str = "rsum"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ordering:
+    """A claim of a paper (`paper`) that `better` scores above `worse`, checked seed by seed."""
+    claim: str
+    paper: str
+    better: Side
+    worse: Side
+
+
+@dataclasses.dataclass(frozen=True)
 class System:
     """One paper system: its name, its kinds of run, and what the apps call on its runs.
 
@@ -84,7 +115,8 @@ class System:
     `gallery(model, split, image_ids, caption_ids) -> RetrievalGallery`: the retrieval gallery
     its model embeds, as its ``evaluate`` embeds `split`.
     `recognise`: the task of an older folder (no recorded task) from the files only this system's runs write.
-    `leaderboard`: its lines in the leaderboard (`experiments.leaderboard`).
+    `leaderboard`: its lines in the leaderboard (`experiments.leaderboard`); `orderings`: its paper's
+    claims the leaderboard checks over seeds, and `siblings` the extra rows they compare against.
     `smoke_row`: one of its rows at a size the contract test (`tests/systems/test_system_contract.py`) runs
     in seconds on a small dataset folder (given with --dataset_dir and --run_dir).
     """
@@ -99,6 +131,8 @@ class System:
     # written before the task was recorded.
     recognise: Callable[[pathlib.Path, dict, dict], tuple[str, str] | None] = lambda run_dir, results, config: None
     leaderboard: tuple[LeaderboardLine, ...] = ()
+    orderings: tuple[Ordering, ...] = ()
+    siblings: tuple[LeaderboardSibling, ...] = ()
     smoke_row: LeaderboardRun | None = None
 
 
@@ -120,14 +154,15 @@ def register(system: System) -> System:
     for task in system.tasks:
         if task.name in known:
             raise ConfigError(f"system {system.name!r}: task {task.name!r} belongs to another system")
-    lines = {line.key for line in leaderboard_lines()}
+    lines = {line.key for line in leaderboard_lines()} | set(leaderboard_siblings())
     own = {t.name for t in system.tasks}
-    for line in system.leaderboard:
-        if line.key in lines:
-            raise ConfigError(f"system {system.name!r}: leaderboard line {line.key!r} belongs to another system")
-        for run in (line.retrieval, line.grounding):
+    for key, runs in [(line.key, (line.retrieval, line.grounding)) for line in system.leaderboard] + \
+            [(sibling.key, (sibling.run,)) for sibling in system.siblings]:
+        if key in lines:
+            raise ConfigError(f"system {system.name!r}: leaderboard key {key!r} belongs to another system")
+        for run in runs:
             if run is not None and run.task not in own:
-                raise ConfigError(f"system {system.name!r}: leaderboard line {line.key!r} runs task "
+                raise ConfigError(f"system {system.name!r}: leaderboard key {key!r} runs task "
                                   f"{run.task!r}, not one of its own {sorted(own)}")
     _SYSTEMS[system.name] = system
     return system
@@ -177,3 +212,13 @@ def leaderboard_lines() -> tuple[LeaderboardLine, ...]:
     """Every registered system's leaderboard lines, by `position` (then registration order)."""
     lines = [line for system in _SYSTEMS.values() for line in system.leaderboard]
     return tuple(sorted(lines, key=lambda line: line.position))
+
+
+def leaderboard_siblings() -> dict[str, LeaderboardRun]:
+    """Every registered system's ordering siblings, by key (registration order)."""
+    return {sibling.key: sibling.run for system in _SYSTEMS.values() for sibling in system.siblings}
+
+
+def leaderboard_orderings() -> tuple[Ordering, ...]:
+    """Every registered system's paper orderings (registration order)."""
+    return tuple(ordering for system in _SYSTEMS.values() for ordering in system.orderings)

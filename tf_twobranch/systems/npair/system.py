@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pathlib
 
-from tf_twobranch.systems.registry import (LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun, RunTask,
-                                           System, stage_file)
+from tf_twobranch.systems.registry import (LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun,
+                                           LeaderboardSibling, Ordering, RunTask, Side, System, stage_file)
 
 NPAIR = RunTask("npair_localization", "an N-pair localization run (Das et al.)",
                 "experiments.npair_localization", "experiments.draw_heat_maps")
@@ -40,7 +40,24 @@ SYSTEM = System(
     load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
         LeaderboardLine("npair", "N-pair phrase localization (word mode)", "N-pair localization (Das Table 2)",
                         LeaderboardRun(NPAIR.name, "das_table2_npair_word",
-                                       (*LEADERBOARD_RETRIEVAL_FLAGS, "--row_metric=auto")), position=6),),
+                                       (*LEADERBOARD_RETRIEVAL_FLAGS, "--row_metric=auto"),
+                                       reference_seconds=150), position=6),),
+    # The sibling rows are grounded on the same phrases as the line (the pointing game).
+    orderings=(
+        Ordering("N-pair beats triplet (pointing game)", "Das Table 2",
+                 Side("N-pair", "npair", "pointing"), Side("triplet", "triplet", "pointing")),
+        Ordering("N-pair beats the centre baseline (pointing game)", "Das Table 2",
+                 Side("N-pair", "npair", "pointing"), Side("centre", "centre", "pointing")),
+        Ordering("N-pair beats the backbone channel-mean baseline (pointing game)", "Das Table 2",
+                 Side("N-pair", "npair", "pointing"), Side("channel mean", "channel_mean", "pointing"))),
+    siblings=(
+        LeaderboardSibling("triplet", LeaderboardRun(NPAIR.name, "das_table2_triplet",
+                                                     (*LEADERBOARD_RETRIEVAL_FLAGS, "--row_metric=auto"),
+                                                     reference_seconds=150)),
+        LeaderboardSibling("centre", LeaderboardRun(NPAIR.name, "das_table2_centre", LEADERBOARD_RETRIEVAL_FLAGS,
+                                                    reference_seconds=40)),
+        LeaderboardSibling("channel_mean", LeaderboardRun(NPAIR.name, "das_table2_vgg_channel_mean",
+                                                          LEADERBOARD_RETRIEVAL_FLAGS, reference_seconds=60))),
     smoke_row=LeaderboardRun(NPAIR.name, "das_table2_npair_word", (
         "--word_dim=8", "--embed_dim=8", "--epochs=1", "--steps_per_epoch=2", "--batch_size=16",
         "--scene_cnn_epochs=1", "--protocol=full", "--run_eagerly", "--verbose=0", "--noexport")))
