@@ -744,8 +744,9 @@ def planned_runs(systems_: Sequence[str], seeds: int, base: pathlib.Path, *, gro
                 planned.append((line.key, line.retrieval, seed, folder / "retrieval"))
                 if line.grounding and grounding:
                     planned.append((line.key, line.grounding, seed, folder / "grounding"))
+    rows = siblings()
     for key in (siblings_needed(systems_) if orderings else []):
-        planned += [(key, siblings()[key], seed, base / f"seed{seed}" / "siblings" / key) for seed in range(seeds)]
+        planned += [(key, rows[key], seed, base / f"seed{seed}" / "siblings" / key) for seed in range(seeds)]
     return planned
 
 

@@ -156,8 +156,9 @@ def register(system: System) -> System:
             raise ConfigError(f"system {system.name!r}: task {task.name!r} belongs to another system")
     lines = {line.key for line in leaderboard_lines()} | set(leaderboard_siblings())
     own = {t.name for t in system.tasks}
-    for key, runs in [(line.key, (line.retrieval, line.grounding)) for line in system.leaderboard] + \
-            [(sibling.key, (sibling.run,)) for sibling in system.siblings]:
+    keyed_runs = [(line.key, (line.retrieval, line.grounding)) for line in system.leaderboard]
+    keyed_runs += [(sibling.key, (sibling.run,)) for sibling in system.siblings]
+    for key, runs in keyed_runs:
         if key in lines:
             raise ConfigError(f"system {system.name!r}: leaderboard key {key!r} belongs to another system")
         for run in runs:
