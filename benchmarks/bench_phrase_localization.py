@@ -42,7 +42,7 @@ from benchmarks import common
 from tf_twobranch.data.phrase_localization_data import build_phrase_localization_data
 from tf_twobranch.data.phrases import PhraseExample
 
-# TPAMI §4.4 / experiments/phrase_localization.py: branches 4096/6000 -> 1024 -> 512, no dropout.
+# TPAMI §4.4 / experiments/two_branch_region_phrase.py: branches 4096/6000 -> 1024 -> 512, no dropout.
 PAPER_MODEL = dict(image_dim=4096, text_dim=6000, image_hidden=(1024,), text_hidden=(1024,),
                    embed_dim=512, dropout=0.0)
 PAPER_LOSS = dict(top_k=30, image_anchor_weight=1.0, text_anchor_weight=4.0,

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-ROW = "experiments/configs/zheng_reference_code_flickr30k.cfg"
+ROW = "experiments/configs/dual_path_reference_code_flickr30k.cfg"
 
 
 class _Done(Exception):
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
 
     from absl import app
 
-    from experiments import instance_loss
+    from experiments import dual_path
     from tf_twobranch.cli import parse_flags
     from tf_twobranch.systems.dual_path import pipeline
     from tf_twobranch.training import trainer
@@ -100,11 +100,11 @@ def main(argv=None) -> int:
     if args.optimizer == "keras":
         import keras
         pipeline.InPlaceSGD = keras.optimizers.SGD
-    instance_loss.define_flags()
+    dual_path.define_flags()
     flag_argv = [sys.argv[0], f"--flagfile={ROW}", "--optimizer=sgd", "--stages=1", "--deterministic",
                  "--verbose=0", "--noexport", f"--run_dir={args.run_dir}"]
     try:
-        app.run(instance_loss.main, argv=flag_argv, flags_parser=parse_flags)
+        app.run(dual_path.main, argv=flag_argv, flags_parser=parse_flags)
     except _Done:
         pass
     if not result:

@@ -121,7 +121,7 @@ def two_branch(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pat
             scale=_FEATURE_SCALE)
         files[f"text_features_{split}"] = scale_data.write_random_rows(
             folder / f"{split}_text_features.npy", (5 * images, 6000), dtype, seed + 10, scale=_FEATURE_SCALE)
-    return _python("experiments.image_sentence_retrieval") + [
+    return _python("experiments.two_branch_retrieval") + [
         f"--dataset_dir={folder}", *(f"--{k}={v}" for k, v in files.items()), "--epochs=1",
         f"--feature_dtype={dtype}", *_common(run_dir, verbose)]
 
@@ -144,7 +144,7 @@ def fragments(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: path
     paths = {split: scale_data.write_random_rows(folder / f"{split}_fragments.npy", (images, 20, 4096), dtype,
                                                  seed, nonnegative=True, scale=_FEATURE_SCALE)
              for split, images, seed in (("train", n, 1), ("test", test, 2))}
-    return _python("experiments.fragment_embeddings") + [
+    return _python("experiments.fragments") + [
         f"--dataset_dir={folder}", f"--fragment_features=train={paths['train']},test={paths['test']}",
         "--epochs=1", f"--steps_per_epoch={steps}", "--word_dim=50", f"--feature_dtype={dtype}",
         *_common(run_dir, verbose)]
@@ -156,7 +156,7 @@ def npair(folder: pathlib.Path, n: int, test: int, dtype: str, run_dir: pathlib.
     paths = {split: scale_data.write_random_rows(folder / f"{split}_maps.npy", (images, 14, 14, 512), dtype,
                                                  seed, nonnegative=True, scale=_FEATURE_SCALE)
              for split, images, seed in (("train", n, 1), ("test", test, 2))}
-    return _python("experiments.npair_localization") + [
+    return _python("experiments.npair") + [
         f"--dataset_dir={folder}", f"--backbone_maps=train={paths['train']},test={paths['test']}",
         "--epochs=1", f"--steps_per_epoch={steps or 5}", "--word_dim=50", "--protocol=folds_100",
         f"--feature_dtype={dtype}", *_common(run_dir, verbose)]

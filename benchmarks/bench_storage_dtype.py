@@ -34,9 +34,9 @@ import numpy as np
 from tf_twobranch.json_files import write_json
 
 ROWS = {
-    "two_branch": ("experiments.image_sentence_retrieval", "table2_b5_nonlinear_bidir_nbr_sampling"),
-    "fragments": ("experiments.fragment_embeddings", "karpathy_table2_fragment_global"),
-    "npair": ("experiments.npair_localization", "das_table1_flickr30k"),
+    "two_branch": ("experiments.two_branch_retrieval", "two_branch_table2_b5_nonlinear_bidir_nbr_sampling"),
+    "fragments": ("experiments.fragments", "fragments_table2_fragment_global"),
+    "npair": ("experiments.npair", "npair_table1_flickr30k"),
 }
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -2,11 +2,11 @@
 
 Issue 24's last acceptance line: after the family contract, every flagfile gives the metrics it
 gave before, with the same seed. A full embedded-profile run of the 84 rows takes about a day on
-two cores (each of the 28 dual-path rows ~25 min), so each row runs here with the same short training at both commits (the code path of every
-row is the one its flagfile selects; only epochs, steps and image counts are smaller), on one copy
-of the embedded dataset, and their results.json metrics are compared key by key.
+two cores (each of the 28 dual-path rows ~25 min), so each row runs here with the same short
+training at both commits (the code path of every row is the one its flagfile selects; only epochs,
+steps and image counts are smaller), on one copy of the embedded dataset, and their results.json metrics are compared key by key.
 
-    python -m benchmarks.same_metrics --before=ef48abe --work=/tmp/same_metrics [--only=zheng_*] [--parallel]
+    python -m benchmarks.same_metrics --before=ef48abe --work=/tmp/same_metrics [--only=dual_path_*] [--parallel]
 
 The two commits are checked out as git worktrees of this repository under --work; each row runs
 in a fresh process whose working directory is its commit's checkout (so that checkout's package is
@@ -28,23 +28,30 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Flagfile prefix -> (experiment, the short-training flags both commits take).
 FAMILIES = {
-    "table1_": ("phrase_localization",
-                ["--epochs=1", "--constraint_epochs=1", "--hard_negative_epochs=1",
-                 "--max_train_images=40", "--max_test_images=20", "--max_proposals=20"]),
-    "table2_": ("image_sentence_retrieval", ["--epochs=1"]),
-    "table3_": ("image_sentence_retrieval", ["--epochs=1"]),
-    "table5_": ("combined_retrieval", ["--train_overrides=--epochs=1"]),
+    "two_branch_table1_": ("two_branch_region_phrase",
+                           ["--epochs=1", "--constraint_epochs=1", "--hard_negative_epochs=1",
+                            "--max_train_images=40", "--max_test_images=20", "--max_proposals=20"]),
+    "two_branch_table2_": ("two_branch_retrieval", ["--epochs=1"]),
+    "two_branch_table3_": ("two_branch_retrieval", ["--epochs=1"]),
+    "two_branch_table5_": ("two_branch_combined_distance", ["--train_overrides=--epochs=1"]),
     # Eager steps: two steps per stage cost less than tracing the step (~18 s a row instead of ~90);
     # 64 images: the reference-code row needs more classes than its batch of 32.
-    "zheng_": ("instance_loss", ["--stage1_epochs=1", "--stage2_epochs=1", "--max_train_images=64",
+    "dual_path_": ("dual_path", ["--stage1_epochs=1", "--stage2_epochs=1", "--max_train_images=64",
                                  "--max_test_images=50", "--run_eagerly"]),
-    "karpathy_": ("fragment_embeddings", ["--epochs=1", "--steps_per_epoch=2",
-                                          "--max_train_images=200", "--max_test_images=100"]),
-    "das_": ("npair_localization", ["--epochs=1", "--steps_per_epoch=2",
-                                    "--max_train_images=200", "--max_test_images=100"]),
+    "fragments_": ("fragments", ["--epochs=1", "--steps_per_epoch=2",
+                                 "--max_train_images=200", "--max_test_images=100"]),
+    "npair_": ("npair", ["--epochs=1", "--steps_per_epoch=2",
+                         "--max_train_images=200", "--max_test_images=100"]),
 }
 # Experiments that train other rows (with --train_overrides) and take no --seed/--export of their own.
-TRAINS_OTHERS = {"combined_retrieval"}
+TRAINS_OTHERS = {"two_branch_combined_distance", "combined_retrieval"}
+# Before each system had one name (issue 40, after 5295266) the flagfiles and experiments went by
+# their papers': a commit without the renamed flagfile runs the row under its old names.
+OLD_PREFIXES = {"two_branch_table": "table", "dual_path_": "zheng_", "fragments_": "karpathy_", "npair_": "das_"}
+OLD_EXPERIMENTS = {"two_branch_region_phrase": "phrase_localization",
+                   "two_branch_retrieval": "image_sentence_retrieval",
+                   "two_branch_combined_distance": "combined_retrieval", "dual_path": "instance_loss",
+                   "fragments": "fragment_embeddings", "npair": "npair_localization"}
 
 
 def experiment_of(stem: str):
@@ -52,6 +59,15 @@ def experiment_of(stem: str):
         if stem.startswith(prefix):
             return spec
     raise SystemExit(f"{stem}: no experiment known for this flagfile prefix")
+
+
+def names_in(tree: pathlib.Path, stem: str) -> tuple[str, str, list[str]]:
+    """(flagfile stem, experiment, short flags) of row `stem` as the checkout `tree` names them."""
+    experiment, short = experiment_of(stem)
+    if (tree / "experiments" / "configs" / f"{stem}.cfg").exists():
+        return stem, experiment, short
+    prefix = next(p for p in OLD_PREFIXES if stem.startswith(p))
+    return OLD_PREFIXES[prefix] + stem[len(prefix):], OLD_EXPERIMENTS[experiment], short
 
 
 def checkout(work: pathlib.Path, name: str, commit: str) -> pathlib.Path:
@@ -63,7 +79,7 @@ def checkout(work: pathlib.Path, name: str, commit: str) -> pathlib.Path:
 
 
 def run_row(tree: pathlib.Path, stem: str, runs: pathlib.Path, data: pathlib.Path, seed: int) -> dict:
-    experiment, short = experiment_of(stem)
+    stem, experiment, short = names_in(tree, stem)
     run_dir = runs / stem
     results = run_dir / "results.json"
     if results.exists():

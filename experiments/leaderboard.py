@@ -40,7 +40,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_bool("reuse_only", False, "Train nothing: the table of the finished runs, every other run "
                       "listed as not run yet (e.g. while a long invocation is still going).", **d)
     flags.DEFINE_multi_string("row_flag", [], "TARGET:--flag=value added to runs: TARGET is a system key, "
-                              "an experiment name (e.g. instance_loss) or '*' (every run whose experiment "
+                              "an experiment name (e.g. dual_path) or '*' (every run whose experiment "
                               "has the flag). Repeatable.", **d)
     flags.DEFINE_bool("orderings", True, "Also run the sibling rows the paper orderings need (b5, \u2020 "
                       "without MIL, triplet, centre baseline) and print, for each ordering, the paired "

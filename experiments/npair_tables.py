@@ -1,5 +1,5 @@
 """Tables 1 and 2 of Das et al. from N-pair rows, and the ``--rows`` table of
-``experiments.npair_localization`` run through the one table runner
+``experiments.npair`` run through the one table runner
 (`tf_twobranch.table_runner`: row selection, flags for every row, resume of an
 interrupted table, run folder ``<runs_dir>/<flagfile stem>``, default ``runs/``).
 
@@ -37,8 +37,8 @@ _EVALUATION_ONLY = {"parse_mode", "protocol", "paper_dataset", "paper_protocol",
 
 
 def select_rows(rows) -> list[pathlib.Path]:
-    """--rows: names or paths, or 'all' (every das_*.cfg: Table 2 in the paper's order, then Table 1)."""
-    configs = table_runner.select_rows(rows, pattern="das_*.cfg")
+    """--rows: names or paths, or 'all' (every npair_*.cfg: Table 2 in the paper's order, then Table 1)."""
+    configs = table_runner.select_rows(rows, pattern="npair_*.cfg")
     if list(rows) != ["all"]:
         return configs
 
@@ -103,15 +103,15 @@ def run_rows(f, argv, define_flags: Callable[[flags.FlagValues], None],
     results = {cfg.stem: r if r.get("not_computed") else table_row(r) for cfg, r in zip(configs, records)}
     dataset = str(load_embedded_dataset()) if not f.dataset_dir else f.dataset_dir
     out = {"rows": results, "seconds": time.time() - start}
-    table2 = [r for stem, r in results.items() if stem.startswith("das_table2_")]
-    table1 = [r for stem, r in results.items() if stem.startswith("das_table1_") and not r.get("not_computed")]
+    table2 = [r for stem, r in results.items() if stem.startswith("npair_table2_")]
+    table1 = [r for stem, r in results.items() if stem.startswith("npair_table1_") and not r.get("not_computed")]
     if table2:
         out["table2"] = format_table2(table2, dataset)
         print(out["table2"])
     if table1:
         out["table1"] = format_table1(table1, dataset)
         print(out["table1"])
-    common.write_json(f.out_json or runs_dir / "das_tables.json", out)
+    common.write_json(f.out_json or runs_dir / "npair_tables.json", out)
     trained = [r for r in records if r.get("row_kind") in ("model", "untrained")]
     if trained:
         print(follow_up(trained[-1]))
@@ -119,9 +119,9 @@ def run_rows(f, argv, define_flags: Callable[[flags.FlagValues], None],
 
 
 def follow_up(record: dict) -> str:
-    """What to run next on a trained row's run folder (draw_heat_maps, load_run)."""
+    """What to run next on a trained row's run folder (npair_draw, load_run)."""
     run_dir = record.get("trained_in") or record["run_dir"]
     if record.get("row_kind") not in ("model", "untrained"):
         return table_runner.next_command(run_dir, load_run=False)
     return table_runner.next_command(
-        run_dir, f"python -m experiments.draw_heat_maps --run_dir={run_dir} --out_dir=figures --image_index=0,1,2")
+        run_dir, f"python -m experiments.npair_draw --run_dir={run_dir} --out_dir=figures --image_index=0,1,2")

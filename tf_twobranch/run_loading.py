@@ -42,11 +42,6 @@ class Run:
             return self.split_reader(self)
         record = (self.results or {}).get("evaluation")
         if record is None:
-            if self.config.get("task") == "phrase_localization":
-                raise UserInputError(
-                    f"{self.run_dir}: a phrase-localization run has no retrieval split; it is "
-                    "evaluated with tf_twobranch.evaluation.phrase_localization on its "
-                    "dataset's test phrases (results.json['inputs'] names the dataset)")
             raise UserInputError(f"{self.run_dir}: results.json records no evaluation split "
                                  "(written by an older version, or the run did not finish)")
         if record.get("kind") == "features":

@@ -9,14 +9,14 @@ row that already finished with the same arguments (its ``results.json`` and
 
 **One run-folder rule** (`run_folder`): a row run from a flagfile lives in
 ``<runs_dir>/<flagfile stem>``, whether it is run alone
-(``python -m experiments.image_sentence_retrieval --flagfile=.../table2_b6_x.cfg``
--> ``runs/table2_b6_x``) or by a table runner (``--rows``). A run without a
+(``python -m experiments.two_branch_retrieval --flagfile=.../two_branch_table2_b6_x.cfg``
+-> ``runs/two_branch_table2_b6_x``) or by a table runner (``--rows``). A run without a
 flagfile is named after its ``--row_name`` (slugged). ``--run_dir`` always wins.
 
 API (no absl flags here; the experiments parse their flags and call it)::
 
     from tf_twobranch import table_runner
-    configs = table_runner.select_rows(rows, pattern="table1_*.cfg")    # --rows=<list>|all
+    configs = table_runner.select_rows(rows, pattern="two_branch_table1_*.cfg")    # --rows=<list>|all
     overrides = table_runner.row_arguments(argv, runner_flags)          # flags for every row
     records = table_runner.run_table(
         configs, run_row, overrides=overrides, runs_dir=runs_dir,       # run_row(cfg, args) -> record

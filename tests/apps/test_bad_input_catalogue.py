@@ -382,7 +382,7 @@ def precomp_truncated_ims_npy(tmp_path):
 
 def unknown_flag_in_flagfile(tmp_path):
     from experiments import common
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
 
     path = tmp_path / "row.cfg"
     path.write_text("--epochs=2\n--no_such_flag=3\n", encoding="utf-8")
@@ -391,7 +391,7 @@ def unknown_flag_in_flagfile(tmp_path):
 
 def out_of_range_flag_value(tmp_path):
     from experiments import common
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
 
     path = tmp_path / "row.cfg"
     path.write_text("--epochs=2\n--dropout=1.5\n", encoding="utf-8")
@@ -496,10 +496,10 @@ CLI_CASES = [(stray_positional_argument, ()),
 
 @pytest.fixture(scope="module")
 def cli_runs(tmp_path_factory):
-    """Every CLI case as `python -m experiments.image_sentence_retrieval <args>` (one TensorFlow start-up)."""
+    """Every CLI case as `python -m experiments.two_branch_retrieval <args>` (one TensorFlow start-up)."""
     from tests.support.forked_modules import run_modules
     cases = {c.__name__: c(tmp_path_factory.mktemp(c.__name__)) for c, _ in CLI_CASES}
-    runs = run_modules([["experiments.image_sentence_retrieval", *args] for args, _ in cases.values()],
+    runs = run_modules([["experiments.two_branch_retrieval", *args] for args, _ in cases.values()],
                        cwd=REPO_ROOT)
     return {name: (proc, names) for (name, (_, names)), proc in zip(cases.items(), runs)}
 

@@ -8,9 +8,9 @@ from tests.support.forked_modules import run_python
 from tests.support.records import assert_comparable_record
 from experiments import common
 
-EXPERIMENTS = ["image_sentence_retrieval", "retrieval_table", "phrase_localization",
-               "instance_loss", "combined_retrieval", "draw_localization",
-               "sentence_retrieval_baselines"]
+EXPERIMENTS = ["two_branch_retrieval", "two_branch_table", "two_branch_region_phrase",
+               "dual_path", "two_branch_combined_distance", "two_branch_draw",
+               "two_branch_sentence_baselines"]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_stray_positional_arguments_are_refused(module, stray_argument_runs):
 
 
 def test_retrieval_table_passes_row_flags_but_refuses_positionals():
-    proc = run_python(["-m", "experiments.retrieval_table", "--epochs=1",
+    proc = run_python(["-m", "experiments.two_branch_table", "--epochs=1",
                        "stray_arg"],
                       cwd=common.REPO_ROOT, timeout=120)
     assert proc.returncode == 2
@@ -47,7 +47,7 @@ def test_sentence_baselines_write_results_into_a_new_folder(tmp_path):
     (tmp_path / "train.txt").write_text("\n".join(ids[:3]) + "\n")
     (tmp_path / "test.txt").write_text("\n".join(ids[3:]) + "\n")
     out = tmp_path / "new" / "folder" / "results.json"
-    done = run_python(["-m", "experiments.sentence_retrieval_baselines",
+    done = run_python(["-m", "experiments.two_branch_sentence_baselines",
                        f"--captions={tmp_path / 'captions.token'}", f"--train_split={tmp_path / 'train.txt'}",
                        f"--test_split={tmp_path / 'test.txt'}", "--encoders=tfidf", f"--out_json={out}"],
                       timeout=300, cwd=common.REPO_ROOT)

@@ -215,8 +215,8 @@ def test_cli_with_all_zero_test_features_reports_at_most_chance(tiny_dataset, tm
         np.save(tmp_path / f"{name}.npy", array.astype(np.float32))
     run_dir = tmp_path / "run"
     proc = run_python(
-        ["-m", "experiments.image_sentence_retrieval",
-         f"--flagfile={common.REPO_ROOT / 'experiments/configs/table2_b4_nonlinear_bidir.cfg'}",
+        ["-m", "experiments.two_branch_retrieval",
+         f"--flagfile={common.REPO_ROOT / 'experiments/configs/two_branch_table2_b4_nonlinear_bidir.cfg'}",
          f"--dataset_dir={tiny_dataset}", f"--run_dir={run_dir}", *TINY_FLAGS,
          *[f"--{name}={tmp_path / (name + '.npy')}" for name in files]],
         cwd=common.REPO_ROOT, timeout=300)

@@ -43,9 +43,9 @@ def runs(tmp_path_factory):
     """Tiny finished runs: the main job's row b6 (`tiny_b6_run`), and in a copy of its dataset a
     fragment row, an N-pair row (sharing the fragment row's cached scene CNN) and a dual-path row,
     each trained for a few steps through its experiment. ``root / "b6"`` is the shared b6 run."""
-    from experiments import fragment_embeddings as fe
-    from experiments import instance_loss
-    from experiments import npair_localization as npair
+    from experiments import fragments as fe
+    from experiments import dual_path
+    from experiments import npair as npair
     from tests.support.serving_exports import tiny_b6_run
     shared_dataset, b6 = tiny_b6_run(tmp_path_factory)
     root = tmp_path_factory.mktemp("runs")
@@ -53,7 +53,7 @@ def runs(tmp_path_factory):
     dataset = pathlib.Path(shutil.copytree(shared_dataset, tmp_path_factory.mktemp("data") / "scenes"))
     (root / "b6").symlink_to(b6, target_is_directory=True)
     fe.run(common.parse_flagfile(
-        fe.define_flags, str(common.resolve_config("karpathy_table2_fragment_global")),
+        fe.define_flags, str(common.resolve_config("fragments_table2_fragment_global")),
         [f"--dataset_dir={dataset}", "--word_dim=8", "--embed_dim=16", "--epochs=1", "--batch_size=20",
          "--scene_cnn_epochs=1", "--verbose=0", "--learning_rate=0.001", "--detections=3", "--noexport",
          # the paper's Σ max(0, vᵀs) left every score at 0 on a Zen 4 machine's kernels (session 20: its
@@ -61,17 +61,17 @@ def runs(tmp_path_factory):
          "--global_score=sum",
          f"--run_dir={root / 'fragment'}"]))
     npair.run(common.parse_flagfile(
-        npair.define_flags, str(common.resolve_config("das_table2_npair_word")),
+        npair.define_flags, str(common.resolve_config("npair_table2_npair_word")),
         [f"--dataset_dir={dataset}", "--word_dim=8", "--embed_dim=8", "--epochs=1", "--steps_per_epoch=2",
          "--batch_size=16", "--scene_cnn_epochs=1", "--verbose=0", "--protocol=full", "--run_eagerly",
          "--noexport", f"--run_dir={root / 'npair'}"]))
     fv = flags.FlagValues()
-    instance_loss.define_flags(fv)
-    fv(["instance_loss", "--max_train_images=24", "--max_test_images=10", "--stage1_epochs=1", "--stage2_epochs=1",
+    dual_path.define_flags(fv)
+    fv(["dual_path", "--max_train_images=24", "--max_test_images=10", "--stage1_epochs=1", "--stage2_epochs=1",
         "--text_width=2", "--text_blocks=1,1,1,1", "--hidden_dim=16", "--embed_dim=16",
         "--word_dim=8", "--verbose=0", "--batch_size=16", "--run_eagerly", "--noexport",
         f"--run_dir={root / 'dual_path'}"])
-    instance_loss.run(fv)
+    dual_path.run(fv)
     return dataset, root
 
 
@@ -263,7 +263,7 @@ def test_bad_inputs_name_the_file_and_what_was_expected(runs, tmp_path):
     with pytest.raises(UserInputError, match="needs --gallery_captions too"):
         _export(root / "b6", tmp_path / "e4", "--gallery=none", f"--gallery_images={dataset / 'images'}")
     # A row trained on the user's feature files has no backbone: its export takes image_features.
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     splits = load_caption_splits(dataset)
     rng = np.random.default_rng(0)
     files = []
@@ -273,7 +273,7 @@ def test_bad_inputs_name_the_file_and_what_was_expected(runs, tmp_path):
             np.save(path, rng.normal(size=(getattr(splits[s], count), dim)).astype(np.float32))
             files.append(f"--{kind}_features_{s}={path}")
     isr.run(common.parse_flagfile(
-        isr.define_flags, str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
+        isr.define_flags, str(common.resolve_config("two_branch_table2_b6_nonlinear_bidir_nbr_constraints")),
         [f"--dataset_dir={dataset}", *files, "--hidden_dim=8", "--embed_dim=4", "--batch_size=20", "--epochs=1",
          "--top_k=3", "--verbose=0", f"--run_dir={tmp_path / 'features_run'}", "--noexport"]))
     with pytest.raises(UserInputError, match=r"--gallery_images=.*the export takes image_features \(image side: "

@@ -9,7 +9,7 @@ import pathlib
 
 from tf_twobranch.features import FEATURE_SEED
 from tf_twobranch.systems.dual_path import pipeline as dual_path
-from tf_twobranch.systems.npair import pipeline as npair_localization
+from tf_twobranch.systems.npair import pipeline as npair
 from tf_twobranch.systems.two_branch import region_phrase_pipeline as two_branch_localization
 from tf_twobranch.systems.two_branch import pipeline as two_branch_retrieval
 
@@ -19,8 +19,8 @@ def test_feature_specs_do_not_follow_the_run_seed():
                                         two_branch_retrieval.feature_spec),
                                        (two_branch_localization, two_branch_localization.LocalizationRecipe,
                                         two_branch_localization.feature_spec),
-                                       (npair_localization, npair_localization.NPairRecipe,
-                                        npair_localization.input_spec)):
+                                       (npair, npair.NPairRecipe,
+                                        npair.input_spec)):
         specs = [make(dataclasses.replace(recipe_class(), seed=seed)) for seed in (0, 1, 7)]
         assert all(s == specs[0] for s in specs), module.__name__
         assert specs[0].seed == FEATURE_SEED

@@ -17,9 +17,9 @@ def _query(phrase, boxes, size=96):
 def test_every_draw_tool_names_its_files_after_itself(tmp_path):
     names = {tool: figure_path(tmp_path, tool, "12/34") for tool in TOOL_PREFIXES}
     assert len(set(names.values())) == len(TOOL_PREFIXES)          # one --out_dir, no overwriting
-    assert names["draw_localization"].name == "region_phrase_12_34.png"
-    assert names["draw_fragments"].name == "fragments_12_34.png"
-    assert figure_path(tmp_path, "draw_heat_maps", "7", "_s0_word").name == "heat_maps_7_s0_word.png"
+    assert names["two_branch_draw"].name == "region_phrase_12_34.png"
+    assert names["fragments_draw"].name == "fragments_12_34.png"
+    assert figure_path(tmp_path, "npair_draw", "7", "_s0_word").name == "heat_maps_7_s0_word.png"
 
 
 def test_the_pictures_count_is_pluralised():

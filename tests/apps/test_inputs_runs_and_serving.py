@@ -71,9 +71,9 @@ def test_every_checkpoint_load_goes_through_the_one_helper():
 
 
 def test_batch_size_below_top_k_is_refused_before_any_data_is_read(tmp_path):
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     fv = common.parse_flagfile(isr.define_flags,
-                               str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
+                               str(common.resolve_config("two_branch_table2_b6_nonlinear_bidir_nbr_constraints")),
                                [f"--dataset_dir={tmp_path / 'no_such_folder'}", "--batch_size=5", "--top_k=10",
                                 f"--run_dir={tmp_path / 'run'}"])
     # The dataset folder does not exist: reaching the data would be another error.
@@ -179,33 +179,33 @@ def _write(path: pathlib.Path, data: dict) -> None:
 
 
 def test_draw_tools_name_the_run_kind_and_the_tool_to_use(tmp_path):
-    from experiments import draw_fragments, draw_heat_maps
+    from experiments import fragments_draw, npair_draw
     npair_run, fragment_run, retrieval_run = tmp_path / "npair", tmp_path / "fragments", tmp_path / "retrieval"
-    _write(npair_run / "results.json", {"task": "npair_localization", "row_kind": "model"})
-    _write(fragment_run / "stage1" / "run_config.json", {"task": "fragment_embeddings"})
+    _write(npair_run / "results.json", {"task": "npair", "row_kind": "model"})
+    _write(fragment_run / "stage1" / "run_config.json", {"task": "fragments"})
     _write(fragment_run / "results.json", {"stages": []})
     _write(retrieval_run / "run_config.json", {"model": {"kind": "embedding"}})   # an older run: no task
     with pytest.raises(UserInputError) as err:
-        draw_fragments.draw_fragments(npair_run, tmp_path / "out")
+        fragments_draw.draw_fragments(npair_run, tmp_path / "out")
     assert "an N-pair localization run (Das et al.)" in str(err.value)
-    assert f"python -m experiments.draw_heat_maps --run_dir={npair_run}" in str(err.value)
+    assert f"python -m experiments.npair_draw --run_dir={npair_run}" in str(err.value)
     with pytest.raises(UserInputError) as err:
-        draw_heat_maps.draw(fragment_run, tmp_path / "out", [0])
+        npair_draw.draw(fragment_run, tmp_path / "out", [0])
     assert "a deep-fragment-embedding run" in str(err.value)
     assert str(fragment_run / "stage1" / "run_config.json") in str(err.value)
-    assert "python -m experiments.draw_fragments" in str(err.value)
+    assert "python -m experiments.fragments_draw" in str(err.value)
     with pytest.raises(UserInputError, match=r"an image-sentence retrieval run .* no draw tool takes"):
-        draw_heat_maps.draw(retrieval_run, tmp_path / "out", [0])
+        npair_draw.draw(retrieval_run, tmp_path / "out", [0])
 
 
-def test_draw_localization_refuses_another_family_without_a_traceback(tmp_path):
+def test_draw_region_phrase_refuses_another_family_without_a_traceback(tmp_path):
     run = tmp_path / "npair"
-    _write(run / "results.json", {"task": "npair_localization"})
-    proc = run_python(["-m", "experiments.draw_localization", f"--run_dir={run}",
+    _write(run / "results.json", {"task": "npair"})
+    proc = run_python(["-m", "experiments.two_branch_draw", f"--run_dir={run}",
                        f"--out_dir={tmp_path / 'out'}"], cwd=REPO_ROOT,
                       timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "an N-pair localization run" in proc.stderr and "experiments.draw_heat_maps" in proc.stderr
+    assert "an N-pair localization run" in proc.stderr and "experiments.npair_draw" in proc.stderr
 
 
 def test_every_experiment_records_its_task():
@@ -228,7 +228,7 @@ def test_load_run_on_a_cca_run_says_what_it_is(tmp_path):
 
     run = tmp_path / "cca_row"
     run.mkdir()
-    record = {"row": "image_sentence", "task": "image_sentence_retrieval", "flags": {"model": "cca"},
+    record = {"row": "image_sentence", "task": "two_branch_retrieval", "flags": {"model": "cca"},
               "metrics": {"i2t_r1": 9.7, "i2t_r5": 26.2}}
     (run / "results.json").write_text(json.dumps(record))
     with pytest.raises(UserInputError, match=r"CCA baseline run.*results\.json \(i2t_r1 9\.7, i2t_r5 26\.2\)"

@@ -158,7 +158,7 @@ def _flagfile_fixture(tmp_path, name, lines, *, bom, newline="\n"):
 
 
 def test_row_flagfile_with_a_bom_parses_the_same_flags(tmp_path):
-    from experiments import common, instance_loss
+    from experiments import common, dual_path
 
     nested = ["// the Stage II length", "--stage2_epochs=2"]
     values = []
@@ -167,31 +167,31 @@ def test_row_flagfile_with_a_bom_parses_the_same_flags(tmp_path):
         outer = _flagfile_fixture(tmp_path, f"outer_{bom}_{len(newline)}.cfg",
                                   ["--stage1_epochs=3", "# a comment", f"--flagfile={inner}", "--seed=7"],
                                   bom=bom, newline=newline)
-        fv = common.parse_flagfile(instance_loss.define_flags, str(outer))
+        fv = common.parse_flagfile(dual_path.define_flags, str(outer))
         values.append((fv.stage1_epochs, fv.stage2_epochs, fv.seed))
     assert values == [(3, 2, 7)] * 3
     # A line that is no flag would otherwise be dropped without a word.
     stray = _flagfile_fixture(tmp_path, "stray.cfg", ["--seed=7", "stage1_epochs=3"], bom=True)
     with pytest.raises(UserInputError, match=rf"{stray}: 'stage1_epochs=3' is not a flag \(in {stray}, "
                                              r"line 2\); expected --name=value"):
-        common.parse_flagfile(instance_loss.define_flags, str(stray))
+        common.parse_flagfile(dual_path.define_flags, str(stray))
 
 
 def test_flag_errors_name_the_flagfile_line_where_the_flag_was_written(tmp_path):
-    from experiments import common, instance_loss
+    from experiments import common, dual_path
 
     inner = _flagfile_fixture(tmp_path, "inner.cfg", ["--seed=1", "--epochs=2"], bom=True)
     outer = _flagfile_fixture(tmp_path, "outer.cfg", ["--stage1_epochs=3", f"--flagfile={inner}"], bom=True)
     with pytest.raises(UserInputError) as info:
-        common.parse_flagfile(instance_loss.define_flags, str(outer))
+        common.parse_flagfile(dual_path.define_flags, str(outer))
     assert str(info.value) == (f"{outer}: Unknown command line flag 'epochs' (in {inner}, line 2); "
                                "did you mean --stage1_epochs or --stage2_epochs?")
     # A flag passed to every row is not blamed on the row's flagfile lines.
     with pytest.raises(UserInputError, match=r"'epochs' \(among the flags passed to every row\)"):
-        common.parse_flagfile(instance_loss.define_flags, str(outer), ["--epochs=1"])
+        common.parse_flagfile(dual_path.define_flags, str(outer), ["--epochs=1"])
     missing = tmp_path / "missing.cfg"
     with pytest.raises(UserInputError, match=rf"{missing}: file does not exist"):
-        common.parse_flagfile(instance_loss.define_flags, str(missing))
+        common.parse_flagfile(dual_path.define_flags, str(missing))
 
 
 def _run_experiment(module, *args):
@@ -214,13 +214,13 @@ def test_retrieval_table_reads_rows_from_a_flagfile_with_a_bom(tmp_path):
     # flagfile is blamed for an unknown flag 'rows'.
     runner = _flagfile_fixture(tmp_path, "runner.cfg", ["# runner", "--rows=no_such_row", "--epochs=1"],
                                bom=True, newline="\r\n")
-    assert _error_line(_run_experiment("retrieval_table", f"--flagfile={runner}")) == (
+    assert _error_line(_run_experiment("two_branch_table", f"--flagfile={runner}")) == (
         "error: flagfile 'no_such_row' not found (looked in "
         f"{pathlib.Path(__file__).resolve().parents[2] / 'experiments' / 'configs'})")
 
 
 def test_unknown_flag_suggests_the_flags_that_replaced_it():
-    assert _error_line(_run_experiment("instance_loss", "--epochs=1")) == (
+    assert _error_line(_run_experiment("dual_path", "--epochs=1")) == (
         "error: Unknown command line flag 'epochs' (on the command line); "
         "did you mean --stage1_epochs or --stage2_epochs?")
 

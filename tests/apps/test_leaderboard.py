@@ -15,16 +15,16 @@ from tf_twobranch.evaluation import pointing_game, retrieval
 # Tiny sizes per experiment (the generated folder is a --dataset_dir: no embedded profile applies).
 ROW_FLAGS = [
     "*:--scene_cnn_epochs=1", "*:--word_dim=8",
-    *(f"image_sentence_retrieval:{a}" for a in ("--hidden_dim=32", "--embed_dim=16", "--batch_size=20",
+    *(f"two_branch_retrieval:{a}" for a in ("--hidden_dim=32", "--embed_dim=16", "--batch_size=20",
                                                  "--epochs=2", "--top_k=3", "--cca_components=16")),
-    *(f"instance_loss:{a}" for a in ("--max_train_images=32", "--stage1_epochs=1", "--stage2_epochs=1",
+    *(f"dual_path:{a}" for a in ("--max_train_images=32", "--stage1_epochs=1", "--stage2_epochs=1",
                                       "--text_width=2", "--text_blocks=1,1,1,1", "--hidden_dim=16",
                                       "--embed_dim=16", "--batch_size=16", "--run_eagerly", "--word_init=random",
                                       "--image_size=32", "--resize_to=36")),
-    *(f"fragment_embeddings:{a}" for a in ("--embed_dim=16", "--epochs=2", "--batch_size=20")),
-    *(f"npair_localization:{a}" for a in ("--embed_dim=8", "--epochs=2", "--steps_per_epoch=4",
+    *(f"fragments:{a}" for a in ("--embed_dim=16", "--epochs=2", "--batch_size=20")),
+    *(f"npair:{a}" for a in ("--embed_dim=8", "--epochs=2", "--steps_per_epoch=4",
                                            "--batch_size=16", "--run_eagerly")),
-    *(f"phrase_localization:{a}" for a in ("--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=2",
+    *(f"two_branch_region_phrase:{a}" for a in ("--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=2",
                                            "--constraint_epochs=1", "--top_k=3", "--cca_components=16",
                                            "--negatives_per_phrase=5")),
 ]
@@ -50,8 +50,8 @@ def tiny(tmp_path_factory):
     cnn = tmp_path_factory.mktemp("cnn") / "scene_cnn.keras"
     save_scene_cnn(build_scene_cnn(32, 10, feature_dim=16, widths=(4, 4, 8, 8))[1], cnn)
     argv = [f"--dataset_dir={dataset}", "--seeds=1", f"--runs_dir={runs}", "--skip_existing",
-            *(f"--row_flag={r}" for r in ROW_FLAGS), "--row_flag=instance_loss:--image_backbone=scene_cnn",
-            f"--row_flag=instance_loss:--image_weights={cnn}"]
+            *(f"--row_flag={r}" for r in ROW_FLAGS), "--row_flag=dual_path:--image_backbone=scene_cnn",
+            f"--row_flag=dual_path:--image_weights={cnn}"]
     from tf_twobranch.training import trainer
     trained_here, original = [], trainer.train
     trainer.train = lambda *a, **k: trained_here.append(1) or original(*a, **k)
@@ -185,9 +185,9 @@ def test_seeds_give_mean_and_std_and_other_splits_are_listed_apart():
 
 def test_bad_row_flags_and_systems_are_clear_errors(tmp_path):
     with pytest.raises(UserInputError, match="TARGET"):
-        lb.row_flags(["no_colon"], "cca", "image_sentence_retrieval", set())
+        lb.row_flags(["no_colon"], "cca", "two_branch_retrieval", set())
     with pytest.raises(UserInputError, match="unknown target"):
-        lb.row_flags(["nope:--epochs=1"], "cca", "image_sentence_retrieval", set())
+        lb.row_flags(["nope:--epochs=1"], "cca", "two_branch_retrieval", set())
     with pytest.raises(UserInputError, match="unknown"):
         exp.run_leaderboard(_flags("--systems=cca,nope", f"--runs_dir={tmp_path}"))
     with pytest.raises(UserInputError, match="does not exist"):
@@ -285,8 +285,8 @@ def test_siblings_are_run_only_for_the_selected_systems():
 def test_reuse_only_labels_a_system_that_never_ran_as_missing():
     reused = {"retrieval": {"record": _record("sha256:a", 90.0), "cost": {"params": 1, "train_s": 1.0,
                                                                         "eval_s": 1.0}, "reused": True}}
-    board = lb.assemble({"cca": [{"retrieval": {"error": "not run yet (--reuse_only): table2_a1, seed 0"},
-                                  "grounding": {"error": "not run yet (--reuse_only): table1_a_cca, seed 0"}}],
+    board = lb.assemble({"cca": [{"retrieval": {"error": "not run yet (--reuse_only): two_branch_table2_a1, seed 0"},
+                                  "grounding": {"error": "not run yet (--reuse_only): two_branch_table1_a_cca, seed 0"}}],
                          "embedding": [reused]})
     rows = {r["key"]: r for r in board["rows"]}
     assert rows["cca"]["missing"] and not rows["cca"]["reused"]
@@ -416,8 +416,8 @@ def test_orderings_and_their_sibling_rows_are_the_systems_own():
     # A system registered beside them brings its own; a key another system holds is refused.
     base = systems.get("npair")
     extra = dataclasses.replace(
-        base, name="extra_npair", tasks=(dataclasses.replace(base.tasks[0], name="extra_task"),), leaderboard=(),
-        siblings=(LeaderboardSibling("extra_centre", LeaderboardRun("extra_task", "das_table2_centre")),),
+        base, name="extra_npair", tasks=(dataclasses.replace(base.tasks[0], name="extra_task", aliases=()),), leaderboard=(),
+        siblings=(LeaderboardSibling("extra_centre", LeaderboardRun("extra_task", "npair_table2_centre")),),
         orderings=(Ordering("N-pair beats another centre", "p", Side("N-pair", "npair", "pointing"),
                             Side("centre", "extra_centre", "pointing")),))
     systems.register(extra)

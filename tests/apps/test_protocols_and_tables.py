@@ -77,7 +77,7 @@ def test_a_sized_protocol_on_the_embedded_data_becomes_full_and_says_so():
     from absl import flags
 
     from experiments import common
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     f = flags.FlagValues()
     isr.define_flags(f)
     f(["row", "--protocol=coco_1k"])
@@ -111,7 +111,7 @@ def _isr_record(protocol: str, num_images: int, **extra) -> dict:
 
 
 def test_image_sentence_table_names_its_protocol_and_shows_the_paper_only_for_the_same_one():
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     five_k = isr.format_record(_isr_record("coco_5k", 5000))
     assert "protocol coco_5k: one gallery of 5000 test images, 25000 captions" in five_k
     assert "(paper)" not in five_k and "53.0" not in five_k
@@ -126,10 +126,10 @@ def test_image_sentence_table_names_its_protocol_and_shows_the_paper_only_for_th
 
 
 def test_retrieval_table_groups_rows_by_protocol_and_split():
-    from experiments import retrieval_table
+    from experiments import two_branch_table
     records = [{**_isr_record("coco_1k", 5000), "dataset_dir": "/d", "test_split_fingerprint": "sha256:a"},
                {**_isr_record("coco_5k", 5000), "dataset_dir": "/d", "test_split_fingerprint": "sha256:a"}]
-    text = retrieval_table.format_table(records, "3")
+    text = two_branch_table.format_table(records, "3")
     assert text.count("chance (random embeddings, same protocol)") == 2
     assert text.count("  (paper)") == 1                       # beside the coco_1k row only
     assert "Table 3-style" in text and "protocol coco_5k: one gallery of 5000" in text
@@ -137,14 +137,14 @@ def test_retrieval_table_groups_rows_by_protocol_and_split():
 
 def test_missing_paper_cells_print_as_a_dash_and_json_holds_null():
     from experiments import common
-    from experiments import instance_loss
+    from experiments import dual_path
     paper = common.paper_numbers("39.9,nan,79.1,28.2,nan,67.9")
     assert paper[1] is None and paper[4] is None
     stage = {"stage": 2, "metrics": {**_metrics(20.0), "separability_S": 0.5, "random_baseline": _metrics(0.2)}}
     record = {"row": "Ours", "dataset_kind": "retrieval", "stages": [stage], "paper": paper,
               "paper_dataset": "Flickr30K", "paper_protocol": "flickr30k_1k", "protocol": "full",
               "num_eval_images": 1000, "num_eval_captions": 5000}
-    text = instance_loss.format_record(record)
+    text = dual_path.format_record(record)
     paper_line = next(line for line in text.splitlines() if line.startswith("  (paper)"))
     assert "nan" not in text and paper_line.count("–") == 3     # two cells and the rsum
     assert "39.9" in paper_line and "chance (random embeddings, same protocol)" in text
@@ -152,22 +152,22 @@ def test_missing_paper_cells_print_as_a_dash_and_json_holds_null():
 
 
 def test_fragment_and_npair_single_rows_print_a_table_with_protocol_chance_and_paper():
-    from experiments import fragment_embeddings, npair_localization
+    from experiments import fragments, npair
     record = {"row": "Our model", "protocol": "full", "num_eval_images": 1000, "num_eval_captions": 5000,
               "paper": [8.3, 21.6, 30.3, 25, 6.0, 17.5, None, 46], "paper_dataset": "Flickr8K",
               "paper_protocol": "flickr8k_1k", "metrics": _metrics(12.0), "random_baseline": _metrics(0.1)}
-    text = fragment_embeddings.format_record(record)
+    text = fragments.format_record(record)
     assert "protocol full: one gallery of 1000 test images" in text and "(paper)" in text
     assert "chance (random embeddings, same protocol)" in text and "–" in text
-    small = fragment_embeddings.format_record({**record, "num_eval_images": 100, "num_eval_captions": 500})
+    small = fragments.format_record({**record, "num_eval_images": 100, "num_eval_captions": 500})
     assert "(paper)" not in small                             # 100 images are not Flickr8K's 1K
-    npair = {"row": "N-pair", "dataset": "/d", "protocol": "folds_100", "test_split_fingerprint": "sha256:b",
-             "paper": [47.0, 77.0, 92.9, 27.9, 65.9, 81.0], "paper_protocol": "folds_100", "paper_dataset": "MSCOCO",
-             "recipe": {"parse_mode": "word"},
-             "num_eval_images": 1000, "num_eval_captions": 5000, "metrics": _metrics(30.0, 10),
-             "retrieval": {"folds_100": _metrics(30.0, 10)}, "random_baseline": _metrics(1.0),
-             "pointing_not_computed": "/d has no Flickr30K Entities Sentences/ and Annotations/ folders"}
-    text = npair_localization.format_record(npair)
+    npair_record = {"row": "N-pair", "dataset": "/d", "protocol": "folds_100", "test_split_fingerprint": "sha256:b",
+                    "paper": [47.0, 77.0, 92.9, 27.9, 65.9, 81.0], "paper_protocol": "folds_100", "paper_dataset": "MSCOCO",
+                    "recipe": {"parse_mode": "word"},
+                    "num_eval_images": 1000, "num_eval_captions": 5000, "metrics": _metrics(30.0, 10),
+                    "retrieval": {"folds_100": _metrics(30.0, 10)}, "random_baseline": _metrics(1.0),
+                    "pointing_not_computed": "/d has no Flickr30K Entities Sentences/ and Annotations/ folders"}
+    text = npair.format_record(npair_record)
     assert "protocol folds_100: mean (± std) of 10 folds of 100 images of the 1000 test images" in text
     assert "(paper: MSCOCO)" in text and "47.0" in text and "chance (random embeddings" in text
     assert "pointing game not computed" in text
@@ -186,10 +186,10 @@ def no_entities_dataset(tmp_path_factory):
 def test_das_pointing_row_without_entities_is_refused_before_training(no_entities_dataset, monkeypatch,
                                                                       tmp_path):
     from experiments import common
-    from experiments import npair_localization as exp
+    from experiments import npair as exp
     from tf_twobranch.systems.npair import pipeline
     monkeypatch.setattr(pipeline, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
-    row = common.parse_flagfile(exp.define_flags, str(common.resolve_config("das_table2_npair_word")),
+    row = common.parse_flagfile(exp.define_flags, str(common.resolve_config("npair_table2_npair_word")),
                                 [f"--dataset_dir={no_entities_dataset}", f"--run_dir={tmp_path / 'run'}"])
     with pytest.raises(UserInputError, match=r"row 'Proposed method - N-pair loss \(word mode\)': its metric, "
                                              r"the pointing accuracy \(Table 2\), needs the Flickr30K Entities "
@@ -202,18 +202,18 @@ def test_das_table_run_marks_pointing_rows_not_computed(no_entities_dataset, mon
 
     from absl import flags
 
-    from experiments import npair_localization as exp
+    from experiments import npair as exp
     from tf_twobranch.systems.npair import pipeline
     monkeypatch.setattr(pipeline, "load_data", lambda *a, **k: pytest.fail("features computed for a refused row"))
     f = flags.FlagValues()
     exp.define_flags(f)
-    argv = ["prog", f"--dataset_dir={no_entities_dataset}", "--rows=das_table2_random,das_table2_npair_word",
+    argv = ["prog", f"--dataset_dir={no_entities_dataset}", "--rows=npair_table2_random,npair_table2_npair_word",
             f"--runs_dir={tmp_path}", "--noexport"]
     f(argv)
     out = exp.run_rows(f, argv)
-    for stem in ("das_table2_random", "das_table2_npair_word"):
+    for stem in ("npair_table2_random", "npair_table2_npair_word"):
         assert "Sentences/ and Annotations/" in out["rows"][stem]["not_computed"]
     line = next(x for x in out["table2"].splitlines() if x.startswith("Proposed method - N-pair loss (word"))
     assert "not computed: row 'Proposed method" in line and "51.06" in line
-    saved = json.loads((tmp_path / "das_tables.json").read_text())
-    assert saved["rows"]["das_table2_npair_word"]["not_computed"]
+    saved = json.loads((tmp_path / "npair_tables.json").read_text())
+    assert saved["rows"]["npair_table2_npair_word"]["not_computed"]

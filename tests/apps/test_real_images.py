@@ -225,16 +225,16 @@ def test_region_backbone_scene_cnn_on_real_images(dataset, tmp_path):
 def test_dual_path_scene_cnn_pretraining_on_real_images(dataset, tmp_path, monkeypatch):
     import tensorflow as tf
 
-    from tf_twobranch.systems.dual_path import pipeline as instance_loss
+    from tf_twobranch.systems.dual_path import pipeline as dual_path
     from tf_twobranch.systems.dual_path.data import dual_path_data_from_retrieval
     from tf_twobranch.data.layout import resolve_dataset
     from tf_twobranch.features.backbones import build_backbone
     from tf_twobranch.systems.dual_path import sampling as dp
     # The name the dual-path pipeline imported: the cache goes outside the package.
-    monkeypatch.setattr(instance_loss, "load_embedded_dataset", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(dual_path, "load_embedded_dataset", lambda *a, **k: tmp_path)
     train = dual_path_data_from_retrieval(resolve_dataset(dataset), split="train")
     flags_like = types.SimpleNamespace(dataset_kind="retrieval", seed=0, image_size=48)
-    path = instance_loss.pretrained_scene_cnn(flags_like, train)
+    path = dual_path.pretrained_scene_cnn(flags_like, train)
     assert pathlib.Path(path).is_file() and pathlib.Path(path).is_relative_to(tmp_path)
     # The dual path model builds the backbone at --image_size and feeds it
     # the tf.data crops of the real JPEGs.

@@ -7,9 +7,9 @@ import pytest
 from absl import flags
 
 from experiments import common
-from experiments import image_sentence_retrieval as isr
-from experiments import instance_loss
-from experiments import phrase_localization as pl
+from experiments import two_branch_retrieval as isr
+from experiments import dual_path
+from experiments import two_branch_region_phrase as pl
 from tf_twobranch import recipes, table_runner
 from tf_twobranch.data.from_flags import cut_splits, dataset_folder, split_limit
 from tf_twobranch.errors import UserInputError
@@ -17,7 +17,7 @@ from tf_twobranch.systems.dual_path.pipeline import DualPathRecipe
 from tf_twobranch.systems.two_branch.region_phrase_pipeline import LocalizationRecipe
 from tf_twobranch.systems.two_branch.pipeline import RetrievalRecipe
 
-EXPERIMENTS = [(isr, RetrievalRecipe), (pl, LocalizationRecipe), (instance_loss, DualPathRecipe)]
+EXPERIMENTS = [(isr, RetrievalRecipe), (pl, LocalizationRecipe), (dual_path, DualPathRecipe)]
 
 
 @pytest.mark.parametrize("module,cls", EXPERIMENTS, ids=[m.__name__ for m, _ in EXPERIMENTS])
@@ -67,7 +67,7 @@ def test_the_embedded_profile_fills_only_untyped_fields_and_not_on_a_dataset_fol
 
 
 def test_one_run_folder_rule_for_single_runs_and_tables(tmp_path):
-    cfg = common.CONFIG_DIR / "table2_b6_nonlinear_bidir_nbr_constraints.cfg"
+    cfg = common.CONFIG_DIR / "two_branch_table2_b6_nonlinear_bidir_nbr_constraints.cfg"
     assert table_runner.run_folder(None, cfg) == common.REPO_ROOT / "runs" / cfg.stem
     assert table_runner.run_folder(tmp_path, str(cfg)) == tmp_path / cfg.stem
     assert table_runner.run_folder(tmp_path, None, "Embedding: linear") == tmp_path / "embedding_linear"
@@ -84,21 +84,21 @@ def test_row_arguments_leave_out_the_runners_own_flags():
 
 
 def test_select_rows():
-    every = table_runner.select_rows(["all"], pattern="table1_*.cfg")
-    assert every and all(p.name.startswith("table1_") for p in every)
-    assert table_runner.select_rows(["table1_a_cca"], pattern="x") == [common.CONFIG_DIR / "table1_a_cca.cfg"]
+    every = table_runner.select_rows(["all"], pattern="two_branch_table1_*.cfg")
+    assert every and all(p.name.startswith("two_branch_table1_") for p in every)
+    assert table_runner.select_rows(["two_branch_table1_a_cca"], pattern="x") == [common.CONFIG_DIR / "two_branch_table1_a_cca.cfg"]
     with pytest.raises(UserInputError, match="not found"):
         table_runner.select_rows(["no_such_row"], pattern="x")
 
 
 def test_an_interrupted_table_resumes_with_the_finished_rows_reused(tmp_path):
-    configs = [common.CONFIG_DIR / "table1_a_cca.cfg", common.CONFIG_DIR / "table1_b1_linear_single_pos_single_dir.cfg"]
+    configs = [common.CONFIG_DIR / "two_branch_table1_a_cca.cfg", common.CONFIG_DIR / "two_branch_table1_b1_linear_single_pos_single_dir.cfg"]
     calls = []
 
     def run_row(cfg, arguments):
         calls.append((cfg.stem, arguments))
         run_dir = pathlib.Path(arguments[-1].split("=", 1)[1])
-        if cfg.stem.startswith("table1_b1") and len(calls) == 2:
+        if cfg.stem.startswith("two_branch_table1_b1") and len(calls) == 2:
             raise KeyboardInterrupt   # the table is interrupted in its second row
         record = {"row": cfg.stem, "run_dir": str(run_dir)}
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -120,7 +120,7 @@ def test_an_interrupted_table_resumes_with_the_finished_rows_reused(tmp_path):
 
 def test_rows_of_one_share_key_share_the_first_run_and_resume(tmp_path):
     configs = [common.CONFIG_DIR / f"{stem}.cfg" for stem in
-               ("karpathy_table2_devise", "karpathy_table3_devise", "karpathy_table2_bow")]
+               ("fragments_table2_devise", "fragments_table3_devise", "fragments_table2_bow")]
     calls = []
 
     def write(cfg, arguments, record):
@@ -139,18 +139,18 @@ def test_rows_of_one_share_key_share_the_first_run_and_resume(tmp_path):
 
     kw = dict(runs_dir=tmp_path, share=share, share_key=lambda cfg, arguments: cfg.stem.split("_", 2)[2])
     records = table_runner.run_table(configs, run_row, **kw)
-    assert calls == [("run", "karpathy_table2_devise"), ("share", "karpathy_table3_devise"),
-                     ("run", "karpathy_table2_bow")]
+    assert calls == [("run", "fragments_table2_devise"), ("share", "fragments_table3_devise"),
+                     ("run", "fragments_table2_bow")]
     assert [(r["row"], r["trained_by"]) for r in records] == [
-        ("karpathy_table2_devise", "karpathy_table2_devise"), ("karpathy_table3_devise", "karpathy_table2_devise"),
-        ("karpathy_table2_bow", "karpathy_table2_bow")]
+        ("fragments_table2_devise", "fragments_table2_devise"), ("fragments_table3_devise", "fragments_table2_devise"),
+        ("fragments_table2_bow", "fragments_table2_bow")]
     assert all((tmp_path / c.stem / table_runner.ROW_RECORD).is_file() for c in configs)
     # Again: every row (the sharing one too) is reused from its own folder.
     assert table_runner.run_table(configs, run_row, **kw) == records and len(calls) == 3
     # A twin that must run again shares the reused first row's record.
-    (tmp_path / "karpathy_table3_devise" / "results.json").unlink()
+    (tmp_path / "fragments_table3_devise" / "results.json").unlink()
     table_runner.run_table(configs[:2], run_row, **kw)
-    assert calls[3:] == [("share", "karpathy_table3_devise")]
+    assert calls[3:] == [("share", "fragments_table3_devise")]
 
 
 def test_dataset_from_flags_checks_the_folder_and_cuts_splits(tmp_path):
@@ -178,11 +178,11 @@ def test_dataset_from_flags_checks_the_folder_and_cuts_splits(tmp_path):
 
 
 # The row experiments: flags (generated from the recipe) -> recipe -> the system's pipeline `run`.
-ROW_EXPERIMENTS = {"image_sentence_retrieval": "tf_twobranch.systems.two_branch.pipeline:RetrievalRecipe",
-                   "phrase_localization": "tf_twobranch.systems.two_branch.region_phrase_pipeline:LocalizationRecipe",
-                   "instance_loss": "tf_twobranch.systems.dual_path.pipeline:DualPathRecipe",
-                   "fragment_embeddings": "tf_twobranch.systems.fragments.pipeline:FragmentRecipe",
-                   "npair_localization": "tf_twobranch.systems.npair.pipeline:NPairRecipe"}
+ROW_EXPERIMENTS = {"two_branch_retrieval": "tf_twobranch.systems.two_branch.pipeline:RetrievalRecipe",
+                   "two_branch_region_phrase": "tf_twobranch.systems.two_branch.region_phrase_pipeline:LocalizationRecipe",
+                   "dual_path": "tf_twobranch.systems.dual_path.pipeline:DualPathRecipe",
+                   "fragments": "tf_twobranch.systems.fragments.pipeline:FragmentRecipe",
+                   "npair": "tf_twobranch.systems.npair.pipeline:NPairRecipe"}
 
 
 def test_experiment_modules_are_thin():
@@ -241,7 +241,7 @@ def test_smoke_trains_the_scene_cnn_briefly_for_every_family_that_has_one():
 
 
 def test_npair_smoke_slice_holds_one_folds_of_100_gallery():
-    """`npair_localization --rows=all --smoke` failed: Table 1's rows (protocol folds_100, galleries
+    """`npair --rows=all --smoke` failed: Table 1's rows (protocol folds_100, galleries
     of 100 images) share the word-mode run, which could not score them on 20 test images."""
     from tf_twobranch.systems.npair.pipeline import NPairRecipe
     capped, _ = recipes.apply_smoke(NPairRecipe(smoke=True))

@@ -170,3 +170,44 @@ def test_apps_hold_no_system_data_no_task_names_or_row_flagfiles():
         strings = {node.value for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8")))
                    if isinstance(node, ast.Constant) and isinstance(node.value, str)}
         assert not strings & (tasks | stems), f"{module} names {sorted(strings & (tasks | stems))}"
+
+
+# Modules under experiments/ that serve every system.
+SHARED_EXPERIMENTS = {"__init__", "common", "leaderboard"}
+
+
+def test_each_system_goes_by_one_name():
+    """A system's name is its folder, its registry entry, its models' family and the start of its
+    tasks, of its experiments and of its flagfiles (issue 40); the papers' older names live on only
+    as aliases of the tasks old run folders recorded."""
+    from tf_twobranch import systems
+    names = [s.name for s in systems.all()]
+
+    def owner(name: str) -> str | None:
+        return next((s for s in sorted(names, key=len, reverse=True) if name == s or name.startswith(s + "_")), None)
+
+    for system in systems.all():
+        assert system.model_family == system.name
+        for task in system.tasks:
+            assert owner(task.name) == system.name, task
+            assert task.experiment.removeprefix("experiments.").startswith(system.name), task
+    experiments = {p.stem for p in (REPO_ROOT / "experiments").glob("*.py")} - SHARED_EXPERIMENTS
+    assert not {e for e in experiments if owner(e) is None}, "experiments named after no system"
+    stems = {p.stem for p in (REPO_ROOT / "experiments" / "configs").glob("*.cfg")}
+    assert not {s for s in stems if owner(s) is None}, "flagfiles named after no system"
+    assert {owner(s) for s in stems} == set(SYSTEMS)
+
+
+def test_run_folders_written_under_the_papers_names_are_still_read(tmp_path):
+    """Folders recorded before each system had one name (results.json["task"] the papers' names)."""
+    import json
+    from tf_twobranch import systems
+    from tf_twobranch.run_folders import read_run_task
+    for old, new in (("image_sentence_retrieval", "two_branch_retrieval"),
+                     ("phrase_localization", "two_branch_region_phrase"),
+                     ("fragment_embeddings", "fragments"), ("npair_localization", "npair")):
+        (tmp_path / old).mkdir()
+        (tmp_path / old / "results.json").write_text(json.dumps({"task": old}))
+        task, source = read_run_task(tmp_path / old)
+        assert task.name == new and source.endswith("results.json")
+        assert systems.for_task(old) is systems.for_task(new)

@@ -1,7 +1,7 @@
 """The README's command sequences (issue 24, item 6).
 
-Every run folder a README command names (``draw_localization --saved_model/--run_dir``,
-``draw_fragments`` and ``draw_heat_maps --run_dir``,
+Every run folder a README command names (``two_branch_draw --saved_model/--run_dir``,
+``fragments_draw`` and ``npair_draw --run_dir``,
 ``saved_model_cli --dir``, the notebook's and the dual path's ``load_run``) must be made by a
 command above it, under the one run-folder rule (`tf_twobranch.table_runner.run_folder`).
 
@@ -38,9 +38,9 @@ from tf_twobranch import table_runner
 
 REPO = table_runner.REPO_ROOT
 README = REPO / "README.md"
-OWNED = ("retrieval_table", "image_sentence_retrieval", "phrase_localization", "instance_loss",
-         "combined_retrieval", "draw_localization", "fragment_embeddings", "draw_fragments",
-         "npair_localization", "draw_heat_maps")
+OWNED = ("two_branch_table", "two_branch_retrieval", "two_branch_region_phrase", "dual_path",
+         "two_branch_combined_distance", "two_branch_draw", "fragments", "fragments_draw",
+         "npair", "npair_draw")
 RUN_PATH = re.compile(r"runs/[A-Za-z0-9_./-]+")
 
 
@@ -128,33 +128,33 @@ def folders_made(command: str) -> set[str]:
         return {str(folder), *(str(folder / e) for e in ((("export",) if export else ()) + tuple(extra)))}
 
     made: set[str] = set()
-    if module == "retrieval_table":
-        from experiments.retrieval_table import MAIN_ROWS
+    if module == "two_branch_table":
+        from experiments.two_branch_table import MAIN_ROWS
         rows = (_flag(command, "rows") or "").split(",") if _flag(command, "rows") else []
         table = _flag(command, "table") or "2"
-        configs = table_runner.select_rows(rows, pattern=f"table{table}_*.cfg", default=lambda every: [
+        configs = table_runner.select_rows(rows, pattern=f"two_branch_table{table}_*.cfg", default=lambda every: [
             c for c in every if any(k in c.stem for k in MAIN_ROWS)])
         for cfg in configs:
             made |= row(cfg, "b6" in cfg.stem)
-    elif module == "phrase_localization" and _flag(command, "rows"):
-        for cfg in table_runner.select_rows(_flag(command, "rows").split(","), pattern="table1_*.cfg"):
+    elif module == "two_branch_region_phrase" and _flag(command, "rows"):
+        for cfg in table_runner.select_rows(_flag(command, "rows").split(","), pattern="two_branch_table1_*.cfg"):
             made |= row(cfg, "b5" in cfg.stem)
-    elif module in ("image_sentence_retrieval", "phrase_localization", "instance_loss") and _flag(command, "flagfile"):
+    elif module in ("two_branch_retrieval", "two_branch_region_phrase", "dual_path") and _flag(command, "flagfile"):
         made |= row(_flag(command, "flagfile"), "--noexport" not in command,
-                    ("stage1", "stage2") if module == "instance_loss" else ())
-    elif module == "fragment_embeddings" and _flag(command, "rows"):
-        from experiments.fragment_tables import select_rows
+                    ("stage1", "stage2") if module == "dual_path" else ())
+    elif module == "fragments" and _flag(command, "rows"):
+        from experiments.fragments_tables import select_rows
         for cfg in select_rows(_flag(command, "rows").split(","), _flag(command, "table") or "all"):
             made |= row(cfg, False)     # a Table 3 twin shares its Table 2 row's model and stages
-    elif module == "fragment_embeddings" and _flag(command, "flagfile"):
+    elif module == "fragments" and _flag(command, "flagfile"):
         made |= row(_flag(command, "flagfile"), "--noexport" not in command, ("stage1", "stage2"))
-    elif module == "npair_localization" and _flag(command, "rows"):
+    elif module == "npair" and _flag(command, "rows"):
         from experiments.npair_tables import select_rows
         for cfg in select_rows(_flag(command, "rows").split(",")):
             made |= row(cfg, False)     # a row sharing another's model has no checkpoints of its own
-    elif module == "npair_localization" and _flag(command, "flagfile"):
+    elif module == "npair" and _flag(command, "flagfile"):
         made |= row(_flag(command, "flagfile"), "--noexport" not in command)
-    elif module == "combined_retrieval":
+    elif module == "two_branch_combined_distance":
         made |= {str(table_runner.run_folder(runs, _flag(command, "flagfile")))}
     return made
 
@@ -164,7 +164,7 @@ def folders_named(command: str) -> list[str]:
     if command.startswith("load_run "):
         return [command.split(" ", 1)[1]]
     module = _module(command)
-    if "saved_model_cli" in command or module in ("draw_localization", "draw_fragments", "draw_heat_maps") or \
+    if "saved_model_cli" in command or module in ("two_branch_draw", "fragments_draw", "npair_draw") or \
             ("load_run(" in command and module is None):
         return [p.rstrip("'\")") for p in RUN_PATH.findall(command)]
     return []
@@ -172,8 +172,8 @@ def folders_named(command: str) -> list[str]:
 
 def test_readme_has_the_sequences():
     commands = [c for _, c in readme_commands()]
-    assert any("experiments.retrieval_table" in c for c in commands)
-    assert any("experiments.draw_localization" in c for c in commands)
+    assert any("experiments.two_branch_table" in c for c in commands)
+    assert any("experiments.two_branch_draw" in c for c in commands)
     assert any(c.startswith("load_run runs/") for c in commands)
     assert any("saved_model_cli show --dir runs/" in c for c in commands)
 
@@ -190,20 +190,20 @@ def test_readme_follow_up_commands_name_folders_made_above_them():
 # --------------------------------------------------------------------------- slow: run them
 
 TINY = {
-    "retrieval_table": ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--top_k=3",
+    "two_branch_table": ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--top_k=3",
                         "--scene_cnn_epochs=1", "--word_dim=8", "--verbose=0", "--cca_components=8"],
-    "phrase_localization": ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--top_k=3",
+    "two_branch_region_phrase": ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--top_k=3",
                             "--scene_cnn_epochs=1", "--word_dim=8", "--verbose=0",
                             "--negatives_per_phrase=5"],
-    "instance_loss": ["--text_width=2", "--text_blocks=1,1,1,1", "--hidden_dim=16", "--embed_dim=16",
+    "dual_path": ["--text_width=2", "--text_blocks=1,1,1,1", "--hidden_dim=16", "--embed_dim=16",
                       "--word_dim=8", "--verbose=0", "--batch_size=16", "--max_test_images=12"],
-    "draw_localization": ["--num_images=1", "--max_captions=1"],
+    "two_branch_draw": ["--num_images=1", "--max_captions=1"],
 }
 # The sequences run here: a command runs when it is the first of these in its section.
 SEQUENCES = {
-    "tf_twobranch": ("retrieval_table",),
-    "Phrase localization (Table 1, Table 5, Fig. 2)": ("phrase_localization --flagfile", "draw_localization"),
-    "Dual-path CNN with instance loss": ("zheng_table2_full_model", "load_run('runs/zheng"),
+    "tf_twobranch": ("two_branch_table",),
+    "Phrase localization (Table 1, Table 5, Fig. 2)": ("two_branch_region_phrase --flagfile", "two_branch_draw"),
+    "Dual-path CNN with instance loss": ("dual_path_table2_full_model", "load_run('runs/dual_path"),
     "In a notebook": ("load_run runs/",),
     "Serving": ("saved_model_cli show",),
 }
@@ -222,7 +222,7 @@ def _tiny_command(command: str) -> list[str]:
                 argv[argv.index("--dir") + 1]]
     module = _module(command)
     if module in TINY:
-        argv += TINY[module] + ([] if module == "draw_localization" else ["--smoke"])
+        argv += TINY[module] + ([] if module == "two_branch_draw" else ["--smoke"])
     return argv
 
 
@@ -247,7 +247,7 @@ def test_readme_sequences_run_at_tiny_size(tmp_path):
         proc = subprocess.run(_tiny_command(command), cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=900)
         assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
-        if _module(command) in ("retrieval_table", "phrase_localization", "instance_loss"):
+        if _module(command) in ("two_branch_table", "two_branch_region_phrase", "dual_path"):
             assert "Next:" in proc.stdout, proc.stdout[-2000:]
         ran.append(command)
     assert len(ran) >= 6, ran

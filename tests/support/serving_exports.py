@@ -210,12 +210,12 @@ def tiny_b6_run(tmp_path_factory):
     tests/systems/two_branch/test_export_two_branch_raw.py). Returns (dataset folder, run folder)."""
     def build(folder):
         from experiments import common
-        from experiments import image_sentence_retrieval as isr
+        from experiments import two_branch_retrieval as isr
         from tf_twobranch.data.embedded import generate_embedded_dataset
         dataset = generate_embedded_dataset(folder / "scenes", num_images=50, splits=(30, 5, 15),
                                             num_proposals=30)
         isr.run(common.parse_flagfile(
-            isr.define_flags, str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
+            isr.define_flags, str(common.resolve_config("two_branch_table2_b6_nonlinear_bidir_nbr_constraints")),
             [f"--dataset_dir={dataset}", "--hidden_dim=16", "--embed_dim=8", "--batch_size=20", "--epochs=1",
              "--top_k=3", "--scene_cnn_epochs=1", "--word_dim=6", "--verbose=0", f"--run_dir={folder / 'b6'}",
              "--export"]))
@@ -229,11 +229,11 @@ def tiny_b6_run(tmp_path_factory):
 # experiment commands above them), and the tiny export of each one's family.
 DOC_RUN_EXPORTS = {
     # The main job's export takes JPEG bytes and captions (and feature rows through *_features).
-    "runs/table2_b6_nonlinear_bidir_nbr_constraints/export": "two_branch_raw",
-    "runs/table1_b6_nonlinear_augm_pos_bidir_nbr_constraints/export": "region_phrase",
-    "runs/zheng_table2_full_model/export": "dual_path",
-    "runs/karpathy_table2_fragment_global_mil/export": "fragment",
-    "runs/das_table2_npair_word/export": "npair",
+    "runs/two_branch_table2_b6_nonlinear_bidir_nbr_constraints/export": "two_branch_raw",
+    "runs/two_branch_table1_b6_nonlinear_augm_pos_bidir_nbr_constraints/export": "region_phrase",
+    "runs/dual_path_table2_full_model/export": "dual_path",
+    "runs/fragments_table2_fragment_global_mil/export": "fragment",
+    "runs/npair_table2_npair_word/export": "npair",
 }
 
 

@@ -37,7 +37,7 @@ def _bad_value(spec: tf.TensorSpec):
 
 
 def check_system_contract(system, dataset, folder) -> None:
-    """(1) a smoke row runs and writes results.json with its task; (2) the model's configuration
+    """(1) a smoke row runs and writes results.json with its task and its system's name; (2) the model's configuration
     round-trips through the one writer/reader; (3) `load_run(...).model.evaluate` of the run's split
     gives results.json's metrics; (4) `export_run` writes a SavedModel that reloads and answers its
     own warm-up requests, as TF Serving replays them; (5) a request without an input, or with an input
@@ -46,7 +46,7 @@ def check_system_contract(system, dataset, folder) -> None:
     record = run_smoke_row(system, dataset, run_dir)
     assert record["task"] in {t.name for t in system.tasks}
     saved = json.loads((run_dir / "results.json").read_text())
-    assert systems.for_task(saved["task"]) is system
+    assert systems.for_task(saved["task"]) is system and saved["system"] == system.name
 
     run = load_run(run_dir)
     model = run.model

@@ -9,7 +9,7 @@ shifts, averaged per caption) and ``image_class`` when a caption's positives
 are all images of its class (CUHK-PEDES identities). The fragment model
 (S_kl over fragments) takes dicts of arrays there: ``image`` = {"fragments",
 "mask"}, ``text`` = {"relation", "word1", "word2", "row_splits"}
-(`models.fragment_embedding`).
+(`systems.fragments.model`).
 
 A plain dict with the same keys works wherever a split is taken
 (`tf_twobranch.models.evaluation_input`); `load_run(...).evaluation_split()`

@@ -11,8 +11,8 @@ import re
 from typing import Sequence
 
 #: The file-name prefix of each draw tool's pictures.
-TOOL_PREFIXES = {"draw_localization": "region_phrase", "draw_fragments": "fragments",
-                 "draw_heat_maps": "heat_maps"}
+TOOL_PREFIXES = {"two_branch_draw": "region_phrase", "fragments_draw": "fragments",
+                 "npair_draw": "heat_maps"}
 
 
 def figure_path(out_dir: str | os.PathLike, tool: str, image_id: str, suffix: str = "") -> pathlib.Path:

@@ -1,4 +1,4 @@
-"""Pieces shared by `ranking` and `phrase_localization`: distances and top-K hinges.
+"""Pieces shared by the two-branch ranking and region–phrase losses: distances and top-K hinges.
 
 * Distances are Euclidean distances between L2-normalised embeddings computed
   as in the original implementation (`pairwise_distance`).

@@ -32,6 +32,13 @@ class RunTask:
     description: str        # for messages: "a ... run"
     experiment: str         # the module that writes such run folders
     draw_tool: str | None   # the module that draws its pictures, if any
+    # The names older run folders recorded for this task (before each system had one name): a
+    # folder that records one of them is read as this task.
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
 
 
 # Every leaderboard retrieval run is scored on the dataset's test split under protocol "full" (one
@@ -152,10 +159,11 @@ def register(system: System) -> System:
         raise ConfigError(f"a system named {system.name!r} is registered already")
     known = tasks()
     for task in system.tasks:
-        if task.name in known:
-            raise ConfigError(f"system {system.name!r}: task {task.name!r} belongs to another system")
+        for name in task.names:
+            if name in known:
+                raise ConfigError(f"system {system.name!r}: task {name!r} belongs to another system")
     lines = {line.key for line in leaderboard_lines()} | set(leaderboard_siblings())
-    own = {t.name for t in system.tasks}
+    own = {name for t in system.tasks for name in t.names}
     keyed_runs = [(line.key, (line.retrieval, line.grounding)) for line in system.leaderboard]
     keyed_runs += [(sibling.key, (sibling.run,)) for sibling in system.siblings]
     for key, runs in keyed_runs:
@@ -188,14 +196,14 @@ def all_systems() -> tuple[System, ...]:
 
 
 def tasks() -> dict[str, RunTask]:
-    """Every registered kind of run folder, by its recorded name."""
-    return {t.name: t for s in _SYSTEMS.values() for t in s.tasks}
+    """Every registered kind of run folder, by its recorded name (and by each older name of it)."""
+    return {name: t for s in _SYSTEMS.values() for t in s.tasks for name in t.names}
 
 
 def for_task(task: str) -> System:
     """The system whose experiments record `task`."""
     for system in _SYSTEMS.values():
-        if any(t.name == task for t in system.tasks):
+        if any(task in t.names for t in system.tasks):
             return system
     raise ConfigError(f"no registered system writes runs of task {task!r}")
 

@@ -1,10 +1,10 @@
 r"""Writes the serving SavedModel of any finished run folder, with a retrieval gallery.
 
-  python -m tf_twobranch.tools.export_run --run_dir=runs/table2_b6_nonlinear_bidir_nbr_constraints \
+  python -m tf_twobranch.tools.export_run --run_dir=runs/two_branch_table2_b6_nonlinear_bidir_nbr_constraints \
       --export_dir=/tmp/b6_export
 
   # a gallery of your own: a folder of JPEGs and a caption file
-  python -m tf_twobranch.tools.export_run --run_dir=runs/zheng_table1_flickr30k \
+  python -m tf_twobranch.tools.export_run --run_dir=runs/dual_path_table1_flickr30k \
       --export_dir=/tmp/dp_export --gallery_images=photos/ --gallery_captions=captions.txt
 
 Every family (two-branch image–sentence and phrase-localization rows, the dual path, deep

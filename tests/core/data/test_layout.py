@@ -173,7 +173,7 @@ class _Stop(Exception):
 
 
 def _isr_flags(tmp_path, root):
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     cfg = tmp_path / "isr.cfg"
     cfg.write_text("--row_name=layout\n")
     return common.parse_flagfile(isr.define_flags, str(cfg), [
@@ -181,7 +181,7 @@ def _isr_flags(tmp_path, root):
 
 
 def _pl_flags(tmp_path, root):
-    from experiments import phrase_localization as pl
+    from experiments import two_branch_region_phrase as pl
     cfg = tmp_path / "pl.cfg"
     cfg.write_text("--row_name=layout\n")
     return common.parse_flagfile(pl.define_flags, str(cfg), [
@@ -190,8 +190,8 @@ def _pl_flags(tmp_path, root):
 
 
 def test_one_folder_resolves_identically_for_the_three_experiments(tmp_path, monkeypatch):
-    from experiments import image_sentence_retrieval as isr
-    from experiments import phrase_localization as pl
+    from experiments import two_branch_retrieval as isr
+    from experiments import two_branch_region_phrase as pl
     from tf_twobranch.systems.dual_path.data import dual_path_data_from_retrieval
     from tf_twobranch.features import prepare, prepare_regions
 
@@ -215,13 +215,13 @@ def test_one_folder_resolves_identically_for_the_three_experiments(tmp_path, mon
 
     # Phrase localization: the images proposals are generated for (every split).
     def stop_proposals(image_paths, out_path, *args, image_ids=None, **kwargs):
-        read["phrase_localization"] = dict(zip(image_ids, (str(p) for p in image_paths)))
+        read["two_branch_region_phrase"] = dict(zip(image_ids, (str(p) for p in image_paths)))
         raise _Stop
 
     monkeypatch.setattr(prepare_regions, "generate_proposals_for_images", stop_proposals)  # its imported name
     with pytest.raises(_Stop):
         pl.load_data(_pl_flags(tmp_path, root))
-    assert read["phrase_localization"] == {i: str(expected[i]) for i in IDS}
+    assert read["two_branch_region_phrase"] == {i: str(expected[i]) for i in IDS}
 
     # Dual path: the image files of every split.
     for split, ids in (("train", TRAIN), ("val", VAL), ("test", TEST)):

@@ -328,7 +328,7 @@ def test_empty_test_split_file_is_named(tmp_path):
 
 def test_empty_test_split_file_with_feature_flags(tmp_path):
     """The issue: this used to be reported as 'im_test.npy ... expected 0 rows'."""
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     root = _token_dataset(tmp_path / "f30k", [])
     flag_paths = []
     for kind, rows in (("image", {"train": 4, "test": 0}), ("text", {"train": 20, "test": 0})):
@@ -346,7 +346,7 @@ def test_empty_test_split_file_with_feature_flags(tmp_path):
 # ------------------------------------------------------ the experiment on it
 
 def _flags(tmp_path, dataset, *extra):
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     cfg = tmp_path / "row.cfg"
     cfg.write_text("--row_name=precomp_row\n")
     return common.parse_flagfile(isr.define_flags, str(cfg),
@@ -358,7 +358,7 @@ def _flags(tmp_path, dataset, *extra):
 
 
 def test_load_data_takes_images_from_ims_and_encodes_the_captions(tmp_path):
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     feats = make_precomp(tmp_path / "data", regions=36)
     dataset_dir, splits, image, text, extras = isr.load_data(_flags(tmp_path, tmp_path / "data"))
     assert splits["train"].num_images == 20 and splits["test"].num_captions == 50
@@ -375,7 +375,7 @@ def test_load_data_takes_images_from_ims_and_encodes_the_captions(tmp_path):
 
 
 def test_load_data_with_given_text_features(tmp_path):
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     make_precomp(tmp_path / "data")
     for split, n in (("train", 100), ("test", 50)):
         np.save(tmp_path / f"tx_{split}.npy", np.full((n, 3), 0.5, np.float32))
@@ -391,7 +391,7 @@ def test_load_data_with_given_text_features(tmp_path):
 
 @pytest.mark.slow
 def test_image_sentence_experiment_runs_on_a_precomp_folder(tmp_path):
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     make_precomp(tmp_path / "data", regions=36)
     record = isr.run(_flags(tmp_path, tmp_path / "data"))
     m = record["metrics"]

@@ -272,7 +272,7 @@ def test_spawn_pool_only_under_this_projects_entry_points(monkeypatch):
     monkeypatch.setitem(sys.modules, "__main__", main)
     main.__spec__ = None  # `python script.py`
     assert not proposal_generator.spawn_pool_is_safe()
-    main.__spec__ = types.SimpleNamespace(name="experiments.fragment_embeddings")
+    main.__spec__ = types.SimpleNamespace(name="experiments.fragments")
     assert proposal_generator.spawn_pool_is_safe()
 
 

@@ -138,7 +138,7 @@ def test_flickr30k_entities_scale_is_fast():
 
 
 def test_score_phrases_with_model_embedding_and_similarity():
-    from tests.systems.two_branch.test_sampling_phrase_localization import make_data
+    from tests.systems.two_branch.test_sampling_region_phrase import make_data
     from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 
     data = make_data(dim=6)

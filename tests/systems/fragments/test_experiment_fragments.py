@@ -6,7 +6,7 @@ import pytest
 
 from tests.support.records import assert_comparable_record
 from experiments import common
-from experiments import fragment_embeddings as fe
+from experiments import fragments as fe
 from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.systems.fragments import pipeline
 from tf_twobranch.runs import load_run
@@ -38,11 +38,11 @@ def run_row(cfg, dataset, run_dir, *extra):
 def mil_run(tiny_dataset, tmp_path_factory):
     """The † + MIL row, trained once for the tests of this module (the fine-tuned row tests the export)."""
     run_dir = tmp_path_factory.mktemp("runs") / "mil"
-    return run_row("karpathy_table2_fragment_global_mil", tiny_dataset, run_dir, "--noexport"), run_dir
+    return run_row("fragments_table2_fragment_global_mil", tiny_dataset, run_dir, "--noexport"), run_dir
 
 
 def test_every_karpathy_flagfile_parses_with_its_paper_numbers():
-    configs = sorted(common.CONFIG_DIR.glob("karpathy_table*_*.cfg"))
+    configs = sorted(common.CONFIG_DIR.glob("fragments_table*_*.cfg"))
     assert len(configs) >= 17
     for cfg in configs:
         fv = common.parse_flagfile(fe.define_flags, str(cfg))
@@ -80,7 +80,7 @@ def test_mil_row_trains_two_stages_evaluates_and_reloads(mil_run):
 
 def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_dataset, tmp_path, capsys):
     argv = ["prog", f"--dataset_dir={tiny_dataset}", *TINY, f"--runs_dir={tmp_path}", "--table=all",
-            "--rows=karpathy_table2_random_ranking,karpathy_table2_devise,karpathy_table3_devise",
+            "--rows=fragments_table2_random_ranking,fragments_table2_devise,fragments_table3_devise",
             "--epochs=2", "--noexport"]
     f = common.parse_flagfile(fe.define_flags, "/dev/null", argv[1:])
     out = fe.run_rows(f, argv)
@@ -89,11 +89,11 @@ def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_d
     # 15 test images are not the paper's Flickr8K 1K split: its numbers are not printed beside them.
     assert "(paper)" not in printed and "protocol flickr8k_1k) are not shown beside a full result" in printed
     rows = out["rows"]
-    assert set(rows) == {"karpathy_table2_random_ranking", "karpathy_table2_devise", "karpathy_table3_devise"}
-    chance = rows["karpathy_table2_random_ranking"]["metrics"]
+    assert set(rows) == {"fragments_table2_random_ranking", "fragments_table2_devise", "fragments_table3_devise"}
+    chance = rows["fragments_table2_random_ranking"]["metrics"]
     assert chance["i2t_r1"] < 40 and chance["t2i_r1"] < 40      # 15 images: R@1 chance is 1/15
-    _check_metrics(rows["karpathy_table2_devise"]["metrics"])
-    saved = json.loads((tmp_path / "karpathy_tables.json").read_text())
+    _check_metrics(rows["fragments_table2_devise"]["metrics"])
+    saved = json.loads((tmp_path / "fragments_tables.json").read_text())
     assert saved["table2"].startswith("Karpathy") and saved["table3"].startswith("Karpathy")
     # One run-folder rule: <runs_dir>/<flagfile stem>; the flags typed here reach every row.
     for stem in rows:
@@ -101,11 +101,11 @@ def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_d
         record = json.loads((tmp_path / stem / "results.json").read_text())
         assert record["typed_flags"]["epochs"] == 2 and record["typed_flags"]["embed_dim"] == 16, stem
     # The Table 3 twin (only the paper's labels differ) shares the Table 2 model: not trained again.
-    twin = json.loads((tmp_path / "karpathy_table3_devise" / "results.json").read_text())
-    assert twin["shared_with"] == "DeViSE" and twin["trained_in"] == str(tmp_path / "karpathy_table2_devise")
-    assert twin["paper_dataset"] == "Flickr30K" and rows["karpathy_table3_devise"]["paper"][0] == 4.5
-    assert not (tmp_path / "karpathy_table3_devise" / "stage1").exists()
-    assert (tmp_path / "karpathy_table2_devise" / "stage1").is_dir()
+    twin = json.loads((tmp_path / "fragments_table3_devise" / "results.json").read_text())
+    assert twin["shared_with"] == "DeViSE" and twin["trained_in"] == str(tmp_path / "fragments_table2_devise")
+    assert twin["paper_dataset"] == "Flickr30K" and rows["fragments_table3_devise"]["paper"][0] == 4.5
+    assert not (tmp_path / "fragments_table3_devise" / "stage1").exists()
+    assert (tmp_path / "fragments_table2_devise" / "stage1").is_dir()
     assert "Next:" in printed
     # Run again: every row is found finished in its folder and not trained again.
     from tf_twobranch import table_runner
@@ -118,23 +118,23 @@ def test_runner_prints_rows_beside_the_paper_and_random_ranking_is_chance(tiny_d
         monkey.undo()
     assert capsys.readouterr().out.count("finished earlier") == 3 and not calls
     assert again["rows"] == out["rows"]
-    assert table_runner.finished_record(tmp_path / "karpathy_table2_devise",
-                                        json.loads((tmp_path / "karpathy_table2_devise" / "table_row.json")
+    assert table_runner.finished_record(tmp_path / "fragments_table2_devise",
+                                        json.loads((tmp_path / "fragments_table2_devise" / "table_row.json")
                                                    .read_text())["arguments"])
 
 
 def test_a_single_flagfile_run_uses_the_run_folder_rule(tiny_dataset, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TF_TWOBRANCH_RUNS", str(tmp_path))
-    cfg = str(common.resolve_config("karpathy_table2_random_ranking"))
+    cfg = str(common.resolve_config("fragments_table2_random_ranking"))
     f = common.parse_flagfile(fe.define_flags, cfg, [f"--dataset_dir={tiny_dataset}", *TINY])
     record = fe.run(f, flagfile=cfg)
-    assert record["run_dir"] == str(tmp_path / "karpathy_table2_random_ranking")
-    assert (tmp_path / "karpathy_table2_random_ranking" / "results.json").is_file()
+    assert record["run_dir"] == str(tmp_path / "fragments_table2_random_ranking")
+    assert (tmp_path / "fragments_table2_random_ranking" / "results.json").is_file()
 
 
 def test_fine_tuned_cnn_trains_the_top_layer_in_the_second_stage_only(tiny_dataset, tmp_path):
     run_dir = tmp_path / "ft"
-    record = run_row("karpathy_table3_fine_tuned_cnn", tiny_dataset, run_dir, "--epochs=2")
+    record = run_row("fragments_table3_fine_tuned_cnn", tiny_dataset, run_dir, "--epochs=2")
     assert [s["cnn_trained"] for s in record["stages"]] == [False, True]
     run = load_run(run_dir)
     model, images = run.model, row_data(run)[1].images
@@ -162,7 +162,7 @@ def test_sentences_left_without_fragments_are_counted_and_scored(tiny_dataset, t
     rng = np.random.default_rng(0)
     vectors.write_text("".join(f"{w} " + " ".join(f"{x:.3f}" for x in rng.normal(size=8)) + "\n"
                                for w in ("a", "red", "blue", "seven", "two")))
-    record = run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "r",
+    record = run_row("fragments_table2_fragment_global", tiny_dataset, tmp_path / "r",
                      f"--word_vectors={vectors}", "--epochs=1", "--noexport")
     stats = record["fragments"]
     assert 0 < stats["test_sentences_without_fragments"] < record["num_eval_captions"]
@@ -174,29 +174,29 @@ def test_bad_inputs_get_clear_errors(tiny_dataset, tmp_path):
     bad = tmp_path / "frag.npy"
     np.save(bad, np.zeros((5, 20, 4), np.float32))
     with pytest.raises(Exception, match=r"frag\.npy.*5 images of fragment features, expected 40"):
-        run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "a",
+        run_row("fragments_table2_fragment_global", tiny_dataset, tmp_path / "a",
                 f"--fragment_features=train={bad},test={bad}")
     with pytest.raises(common.UserInputError, match="split=path"):
-        run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "b", f"--fragment_features={bad}")
+        run_row("fragments_table2_fragment_global", tiny_dataset, tmp_path / "b", f"--fragment_features={bad}")
     with pytest.raises(common.UserInputError, match="--parses=.*missing.conllu: file not found"):
-        run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "c",
+        run_row("fragments_table2_fragment_global", tiny_dataset, tmp_path / "c",
                 f"--parses={tmp_path / 'missing.conllu'}")
     good = tmp_path / "train.npy"
     np.save(good, np.ones((40, 20, 4), np.float32))
     test = tmp_path / "test.npy"
     np.save(test, np.ones((15, 20, 4), np.float32))
     with pytest.raises(common.UserInputError, match="fine_tune_cnn.*scene_cnn"):
-        run_row("karpathy_table3_fine_tuned_cnn", tiny_dataset, tmp_path / "d",
+        run_row("fragments_table3_fine_tuned_cnn", tiny_dataset, tmp_path / "d",
                 f"--fragment_features=train={good},test={test}")
 
 
 def test_draw_fragments_writes_the_alignment_picture_of_a_test_image(mil_run, tmp_path):
     from PIL import Image
 
-    from experiments import draw_fragments
+    from experiments import fragments_draw
 
     _, run_dir = mil_run
-    paths = draw_fragments.draw_fragments(run_dir, tmp_path / "figures", image_indices=[1], top_sentences=3)
+    paths = fragments_draw.draw_fragments(run_dir, tmp_path / "figures", image_indices=[1], top_sentences=3)
     assert len(paths) == 1 and paths[0].parent == tmp_path / "figures"
     assert paths[0].name.startswith("fragments_")                 # named by tool: no overwriting
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[0].stat().st_size > 10_000
@@ -205,7 +205,7 @@ def test_draw_fragments_writes_the_alignment_picture_of_a_test_image(mil_run, tm
     assert pixels.reshape(-1, 3).std(axis=0).max() > 10
     assert not list((tmp_path / "figures").glob(".tmp_*"))     # written through a renamed temp file
     with pytest.raises(common.UserInputError, match=r"image index 15 is out of range.*0\.\.14"):
-        draw_fragments.draw_fragments(run_dir, tmp_path / "none", image_indices=[15])
+        fragments_draw.draw_fragments(run_dir, tmp_path / "none", image_indices=[15])
 
 
 def test_best_image_fragments_skips_padding_on_both_sides():
@@ -227,20 +227,20 @@ def test_best_image_fragments_skips_padding_on_both_sides():
 
 
 def test_draw_fragments_names_what_is_wrong_with_the_run_folder(tmp_path):
-    from experiments import draw_fragments
+    from experiments import fragments_draw
 
     with pytest.raises(common.UserInputError, match="no results.json"):
-        draw_fragments.draw_fragments(tmp_path, tmp_path / "out")
+        fragments_draw.draw_fragments(tmp_path, tmp_path / "out")
     common.write_json(tmp_path / "results.json", {"row": "Random Ranking", "flags": {}, "stages": []})
     with pytest.raises(common.UserInputError, match="no trained stage"):
-        draw_fragments.draw_fragments(tmp_path, tmp_path / "out")
+        fragments_draw.draw_fragments(tmp_path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_load_run_rebuilds_the_fragment_model_and_its_split_from_the_run_folder_alone(mil_run):
     record, run_dir = mil_run
     run = load_run(run_dir)
-    assert run.family == "fragment_embedding" and run.results["metrics"] == record["metrics"]
+    assert run.family == "fragments" and run.results["metrics"] == record["metrics"]
     assert run.run_dir.name == "stage2" and run.results["stage"] == 2
     assert run.model.evaluate(run.evaluation_split()) == pytest.approx(record["metrics"])
 
@@ -250,7 +250,7 @@ def test_spacy_parser_path_parses_the_captions_once_and_trains(tiny_dataset, tmp
     from test_spacy_parses import saved_chain_parser_pipeline
 
     saved_chain_parser_pipeline(tmp_path / "pipeline")
-    record = run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "r", "--parser=spacy",
+    record = run_row("fragments_table2_fragment_global", tiny_dataset, tmp_path / "r", "--parser=spacy",
                      f"--spacy_model={tmp_path / 'pipeline'}", "--epochs=1", "--noexport")
     parses = record["fragments"]["parses"]
     assert parses.startswith(str(tiny_dataset / "features")) and parses.endswith(".conllu")
@@ -261,7 +261,7 @@ def test_spacy_parser_path_parses_the_captions_once_and_trains(tiny_dataset, tmp
 def test_feature_dtype_float16_stores_the_fragment_cache_in_half(tiny_dataset, mil_run):
     # After mil_run: the scene CNN and the float32 cache exist; the half cache is another folder.
     def load(*extra):
-        fv = common.parse_flagfile(fe.define_flags, str(common.resolve_config("karpathy_table2_fragment_global")),
+        fv = common.parse_flagfile(fe.define_flags, str(common.resolve_config("fragments_table2_fragment_global")),
                                    [f"--dataset_dir={tiny_dataset}", *TINY, *extra])
         return pipeline.load_data(fe.recipe_from_flags(fv)[0]).images
 
@@ -275,9 +275,9 @@ def test_feature_dtype_float16_stores_the_fragment_cache_in_half(tiny_dataset, m
 
 def test_steps_per_epoch_shortens_an_epoch_and_zero_keeps_the_papers(tiny_dataset, tmp_path):
     # The flag that lets a real-size (Flickr30K) trial run a few steps and evaluate.
-    short = run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "short", "--epochs=1",
+    short = run_row("fragments_table2_fragment_global", tiny_dataset, tmp_path / "short", "--epochs=1",
                     "--steps_per_epoch=2", "--noexport")
-    full = run_row("karpathy_table2_fragment_global", tiny_dataset, tmp_path / "full", "--epochs=1",
+    full = run_row("fragments_table2_fragment_global", tiny_dataset, tmp_path / "full", "--epochs=1",
                    "--noexport")
     iterations = {name: record["stages"][0]["optimizer_steps"] for name, record in (("short", short), ("full", full))}
     assert iterations["short"] == short["stages"][0]["steps_per_epoch"] == 2

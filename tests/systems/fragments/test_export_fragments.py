@@ -238,7 +238,7 @@ def test_raw_inputs_equal_the_offline_pipeline_on_real_data(realdata, tmp_path, 
     inputs, mask = extract_fragment_features(dict(zip(REAL_IMAGES, paths)),
                                              {i: boxes[n, :num_boxes[n]] for n, i in enumerate(REAL_IMAGES)},
                                              _scene_cnn_cut(extractor), detections=19)
-    # As pipelines.fragment_embeddings.image_inputs: the cut activations for a fine-tuned row, else the features.
+    # As systems.fragments.pipeline.image_inputs: the cut activations for a fine-tuned row, else the features.
     features = inputs if fine_tuned else FragmentImages(REAL_IMAGES, inputs, mask,
                                                         _folded_top_layer(extractor)).features()
     parses = _real_parses(realdata, tmp_path)

@@ -317,7 +317,7 @@ def test_experiment_flags_reach_the_model_config():
     from absl import flags
 
     from experiments import common
-    from experiments import fragment_embeddings as fe
+    from experiments import fragments as fe
     from tf_twobranch.systems.fragments.pipeline import build_config
     f = common.parse_flagfile(fe.define_flags, "/dev/null", ["--global_score=max", "--mil_zero_score=ignored",
                                                              "--decay_biases"])

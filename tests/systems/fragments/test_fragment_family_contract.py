@@ -9,7 +9,7 @@ from absl import flags
 
 from tests.support.forked_modules import run_python
 from experiments import common
-from experiments import fragment_embeddings as fe
+from experiments import fragments as fe
 from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.systems.fragments.pipeline import FragmentRecipe
 
@@ -28,7 +28,7 @@ def test_recipe_fields_are_the_experiments_flags_with_their_defaults():
 
 
 def test_recipe_round_trips_through_json_and_reads_older_flag_records():
-    fv = common.parse_flagfile(fe.define_flags, str(common.resolve_config("karpathy_table2_fragment_global_mil")),
+    fv = common.parse_flagfile(fe.define_flags, str(common.resolve_config("fragments_table2_fragment_global_mil")),
                                ["--dataset_dir=/d", "--fragment_features=train=a.npy,test=b.npy"])
     recipe, typed = fe.recipe_from_flags(fv)
     assert recipe.mil and recipe.fragment_features == ["train=a.npy", "test=b.npy"] and typed["mil"]
@@ -55,12 +55,12 @@ def test_no_library_module_imports_experiments_and_draw_fragments_imports_no_exp
     offenders = {str(p.relative_to(REPO_ROOT)): sorted(n for n in _imports(p) if n.split(".")[0] == "experiments")
                  for p in (REPO_ROOT / "tf_twobranch").rglob("*.py")}
     assert not {k: v for k, v in offenders.items() if v}
-    draw = _imports(REPO_ROOT / "experiments" / "draw_fragments.py")
+    draw = _imports(REPO_ROOT / "experiments" / "fragments_draw.py")
     assert not [n for n in draw if n.split(".")[0] == "experiments"]
 
 
 def test_experiment_module_stays_thin():
-    assert len((REPO_ROOT / "experiments" / "fragment_embeddings.py").read_text().splitlines()) < 300
+    assert len((REPO_ROOT / "experiments" / "fragments.py").read_text().splitlines()) < 300
     assert not hasattr(fe, "load_row")
 
 
@@ -70,7 +70,7 @@ def tiny_rows(tmp_path_factory):
     dataset = generate_embedded_dataset(tmp_path_factory.mktemp("data") / "scenes", num_images=60,
                                         splits=(40, 5, 15), num_proposals=30)
     runs = tmp_path_factory.mktemp("runs")
-    for name, cfg in (("mil", "karpathy_table2_fragment_global_mil"), ("devise", "karpathy_table2_devise")):
+    for name, cfg in (("mil", "fragments_table2_fragment_global_mil"), ("devise", "fragments_table2_devise")):
         fv = common.parse_flagfile(fe.define_flags, str(common.resolve_config(cfg)),
                                    [f"--dataset_dir={dataset}", *TINY, f"--run_dir={runs / name}"])
         fe.run(fv)
@@ -90,7 +90,7 @@ def test_load_run_alone_evaluates_each_stage_to_its_recorded_metrics(tiny_rows):
     record = json.loads((tiny_rows / "mil" / "results.json").read_text())
     assert [s["stage"] for s in record["stages"]] == [1, 2] and record["recipe"]["mil"]
     last = load_run(tiny_rows / "mil")
-    assert last.family == "fragment_embedding" and last.run_dir.name == "stage2"
+    assert last.family == "fragments" and last.run_dir.name == "stage2"
     assert last.results["metrics"] == record["metrics"]
     _check(last, last.results["metrics"])
     first = load_run(tiny_rows / "mil" / "stage1")

@@ -10,7 +10,7 @@ from absl import flags
 
 from tests.support.forked_modules import run_python
 from experiments import common
-from experiments import npair_localization as exp
+from experiments import npair as exp
 from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.systems.npair.pipeline import NPairRecipe
@@ -52,7 +52,7 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 
 def test_draw_heat_maps_and_the_pipeline_import_no_experiment():
-    for path in (REPO_ROOT / "experiments" / "draw_heat_maps.py",
+    for path in (REPO_ROOT / "experiments" / "npair_draw.py",
                  *(REPO_ROOT / "tf_twobranch" / "systems").glob("*/pipeline.py")):
         found = sorted(m for m in _imports(path) if m == "experiments" or m.startswith("experiments."))
         assert not found, f"{path.name} imports {found}"
@@ -66,8 +66,8 @@ def tiny_runs(tmp_path_factory):
                                         splits=(40, 5, 100), with_proposals=False)
     runs = tmp_path_factory.mktemp("runs")
     out = {}
-    for name, cfg in (("word", "das_table2_npair_word"), ("untrained", "das_table2_untrained"),
-                      ("centre", "das_table2_centre")):
+    for name, cfg in (("word", "npair_table2_npair_word"), ("untrained", "npair_table2_untrained"),
+                      ("centre", "npair_table2_centre")):
         row = common.parse_flagfile(exp.define_flags, str(common.resolve_config(cfg)),
                                     [f"--dataset_dir={dataset}", *TINY, f"--run_dir={runs / name}"])
         record = exp.run(row)
@@ -96,7 +96,7 @@ def test_load_run_alone_evaluates_to_the_recorded_metrics(tiny_runs, name):
     from tf_twobranch.runs import load_run
     run_dir, _ = tiny_runs[name]
     run = load_run(run_dir)
-    assert run.family == "npair_localization" and run.model.config.embed_dim == 8
+    assert run.family == "npair" and run.model.config.embed_dim == 8
     split = run.evaluation_split()
     assert split.image.shape[0] == 100 and split.text.shape == split.token_mask.shape
     assert split.protocol == "folds_100" and split.queries

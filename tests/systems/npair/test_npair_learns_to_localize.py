@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 from absl import flags
 
-from experiments import npair_localization as experiment
+from experiments import npair as experiment
 from tf_twobranch.systems.npair import heat_maps as localization_maps
 from tf_twobranch.evaluation.pointing_game import PointingQuery
 from tf_twobranch.systems.npair.features import NPairText, encode_token_lists
@@ -55,10 +55,10 @@ def _scenes(n, rng):
 
 
 def _embedded_recipe(**typed):
-    """The recipe the experiment builds for das_table2_npair_word.cfg on the embedded data."""
+    """The recipe the experiment builds for npair_table2_npair_word.cfg on the embedded data."""
     fv = flags.FlagValues()
     experiment.define_flags(fv)
-    fv(["prog", "--flagfile=experiments/configs/das_table2_npair_word.cfg",
+    fv(["prog", "--flagfile=experiments/configs/npair_table2_npair_word.cfg",
         *[f"--{k}={v}" for k, v in typed.items()]])
     return experiment.recipe_from_flags(fv)[0]
 

@@ -4,7 +4,7 @@ import inspect
 import numpy as np
 from absl import flags
 
-from experiments import npair_localization as experiment
+from experiments import npair as experiment
 from tf_twobranch.systems.npair import heat_map_volume as lv
 from tf_twobranch.systems.npair import losses as npair
 from tf_twobranch.systems.npair.model import NPairLocalizationConfig

@@ -337,11 +337,11 @@ def test_direct_calls_of_other_shapes_meet_the_graphs_checks(feature_export, fea
 def test_next_hints_name_the_saved_model_cli_wrapper():
     """The experiments' "Next:" lines name the package's wrapper: the stock ``saved_model_cli show``
     cannot load the tensorflow-text ops and prints "Concrete Functions: N/A" (issue 39)."""
-    from experiments import image_sentence_retrieval, instance_loss
+    from experiments import two_branch_retrieval, dual_path
 
-    hints = [image_sentence_retrieval.follow_up({"run_dir": "runs/a", "export_dir": "runs/a/export",
+    hints = [two_branch_retrieval.follow_up({"run_dir": "runs/a", "export_dir": "runs/a/export",
                                                  "flags": {"model": "two_branch"}}),
-             instance_loss.follow_up({"run_dir": "runs/b", "export_dir": "runs/b/export", "stages": ["stage_1"]})]
+             dual_path.follow_up({"run_dir": "runs/b", "export_dir": "runs/b/export", "stages": ["stage_1"]})]
     for hint, run in zip(hints, "ab"):
         assert f"python -m tf_twobranch.tools.saved_model_cli show --dir runs/{run}/export --all" in hint, hint
         assert "\nsaved_model_cli" not in hint and not hint.startswith("saved_model_cli"), hint

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tf_twobranch.losses import common
 from tf_twobranch.systems.two_branch import losses, region_phrase_losses
-from tests.systems.two_branch.test_sampling_phrase_localization import random_data
+from tests.systems.two_branch.test_sampling_region_phrase import random_data
 from tf_twobranch.systems.two_branch import region_phrase_sampling as pl
 
 

@@ -1,7 +1,7 @@
 """Dual-path CNN with instance loss (Zheng et al.): the row recipe, its data (the dual path's
 splits, word vectors, the embedded data's scene-CNN stand-in), the model configuration, the two
 training stages, the evaluation (retrieval + separability S with its histogram) and the table.
-`experiments.instance_loss` turns its flags into a `DualPathRecipe` and calls `run`.
+`experiments.dual_path` turns its flags into a `DualPathRecipe` and calls `run`.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ PEDES_EMBEDDED_PROFILE = {**EMBEDDED_PROFILE, "max_train_images": 500, "stage1_e
 
 @dataclasses.dataclass
 class DualPathRecipe(RunRecipe):
-    """One dual-path row (fields: the flags of experiments.instance_loss)."""
+    """One dual-path row (fields: the flags of experiments.dual_path)."""
     # Where this experiment words a shared flag's help its own way.
     FLAG_HELP = {
         "export": "Export the image and text towers as a SavedModel.",
@@ -381,7 +381,7 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
         logging.info("embedded dataset: using its profile defaults %s", applied)
     stages = _stages(r.stages)
     lambdas = {s: _lambdas(getattr(r, f"stage{s}_lambdas"), f"stage{s}_lambdas") for s in (1, 2)}
-    row_name = r.row_name or "instance_loss"
+    row_name = r.row_name or "dual_path"
     run_dir = pathlib.Path(r.run_dir) if r.run_dir else table_runner.run_folder(None, flagfile, row_name)
     source, layout, train, evaluation, word_vectors = load_data(r, run_dir)
     check_num_classes(train, r.num_classes or train.num_classes)   # before any pretraining, not after it
@@ -402,8 +402,8 @@ def run(r: DualPathRecipe, typed: dict | None = None, flagfile: str | None = Non
     strategy = setup_training(r)
     with strategy.scope():
         model = DualPathModel(config, matrix).build_all()
-    record = {"row": row_name, "task": "dual_path", "dataset": str(source), "dataset_kind": r.dataset_kind,
-              "run_dir": str(run_dir),
+    record = {"row": row_name, "system": "dual_path", "task": "dual_path", "dataset": str(source),
+              "dataset_kind": r.dataset_kind, "run_dir": str(run_dir),
               **run_record(r, typed), "paper": paper_numbers(r.paper_results),
               "paper_dataset": r.paper_dataset, "paper_protocol": r.paper_protocol,
               **split_record(protocol, evaluation), "num_train_images": train.num_images,

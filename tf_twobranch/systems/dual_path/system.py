@@ -7,7 +7,7 @@ from tf_twobranch.systems.registry import (LEADERBOARD_RETRIEVAL_FLAGS, Leaderbo
                                            RunTask, Side, System, stage_file)
 
 DUAL_PATH = RunTask("dual_path", "an instance-loss run (dual-path CNN, Zheng et al.)",
-                    "experiments.instance_loss", None)
+                    "experiments.dual_path", None)
 CONFIG_FILE = "dual_path_config.json"
 
 
@@ -57,13 +57,13 @@ SYSTEM = System(
     load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
         # The embedded profile's 100 + 20 epochs: at 60 + 15 Stage I had not converged.
         LeaderboardLine("dual_path", "Dual-path CNN, Stage II", "dual-path CNN (Zheng Table 1, ResNet-50 row)",
-                        LeaderboardRun(DUAL_PATH.name, "zheng_table1_resnet50_stage2", LEADERBOARD_RETRIEVAL_FLAGS,
+                        LeaderboardRun(DUAL_PATH.name, "dual_path_table1_resnet50_stage2", LEADERBOARD_RETRIEVAL_FLAGS,
                                        reference_seconds=2200),
                         no_grounding="global image and text vectors only: no regions, no heat maps",
                         position=4),),
     orderings=(Ordering("Stage II beats Stage I", "Zheng Table 1",
                         Side("Stage II", "dual_path"), Side("Stage I", "dual_path", "stage1_rsum")),),
-    smoke_row=LeaderboardRun(DUAL_PATH.name, "zheng_table1_resnet50_stage2", (
+    smoke_row=LeaderboardRun(DUAL_PATH.name, "dual_path_table1_resnet50_stage2", (
         "--max_train_images=24", "--max_test_images=10", "--stage1_epochs=1", "--stage2_epochs=1", "--text_width=2",
         "--text_blocks=1,1,1,1", "--hidden_dim=16", "--embed_dim=16", "--word_dim=8", "--batch_size=16",
         "--image_size=32", "--resize_to=36", "--word_init=random", "--run_eagerly", "--verbose=0", "--noexport")))

@@ -260,7 +260,7 @@ def draw_row_alignments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     """Draws the fragment alignment of the chosen evaluation images; returns the PNG paths (one per image).
 
     Args:
-      run_dir: a finished row's run folder (`experiments.fragment_embeddings`; `experiments.draw_fragments`
+      run_dir: a finished row's run folder (`experiments.fragments`; `experiments.fragments_draw`
         checks it is one).
       image_indices, image_ids: the images of the row's evaluation split (by position or by id;
         default the first).
@@ -345,7 +345,7 @@ def draw_row_alignments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, 
         whose = "top retrieved" if aligned not in own else f"sentence {list(own).index(aligned)}"
         title = f"{split} image {image_id} ({n}), {whose}: \"{corpus.captions[aligned]}\""
         written.append(draw_fragment_alignment(pixels, boxes, labels, best, best_scores,
-                                               figure_path(out_dir, "draw_fragments", image_id),
+                                               figure_path(out_dir, "fragments_draw", image_id),
                                                title=title, sentences=ranked))
         logging.info("Wrote %s", written[-1])
     return written

@@ -680,7 +680,7 @@ def export_fragment_model(model: FragmentEmbeddingModel, export_dir, *, relation
                           words: Sequence[str], image_cnn: keras.Model | None = None,
                           gallery: RetrievalGallery | None = None, gallery_block: int | None = None,
                           run_config: dict | None = None, overwrite: bool = True,
-                          model_name: str = "fragment_embedding") -> pathlib.Path:
+                          model_name: str = "fragments") -> pathlib.Path:
     """Writes the serving SavedModel of `model` to `export_dir` (atomically; see the module docstring).
 
     Args:
@@ -782,7 +782,7 @@ def run_export(run) -> RunExport:
                                                  **{k: run.config[k] for k in ("typed_flags", "recipe") if k in run.config},
                                                  "export_notes": [note] if note else []})
 
-    return RunExport("fragment_embedding", recipe.eval_split, split_gallery,
+    return RunExport("fragments", recipe.eval_split, split_gallery,
                         lambda: FragmentServingModule(run.model, relations, words, image_cnn=cnn), write,
                         image_inputs=image_inputs, text_inputs=text_inputs,
                         no_image_gallery=note and note.replace(": the export takes image_fragments",

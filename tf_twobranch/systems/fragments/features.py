@@ -146,7 +146,7 @@ def _scene_cnn_cut(backbone: keras.Model) -> keras.Model:
 def fragment_cnn(backbone: keras.Model, image_backbone: str, *, fine_tuned: bool) -> keras.Model:
     """The CNN from an image crop (S×S RGB 0..255) to the fragment model's image input, as this
     module computes the inputs of a row (`image_fragment_inputs` then
-    `pipelines.fragment_embeddings.image_inputs`), for the raw-input export.
+    `systems.fragments.pipeline.image_inputs`), for the raw-input export.
 
     `backbone`: the row's backbone (`build_backbone`, or the cached scene CNN);
     `image_backbone`: its name (``FragmentFeatureSpec.image_backbone``);

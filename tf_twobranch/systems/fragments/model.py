@@ -60,7 +60,7 @@ __all__ = ["REPRESENTATIONS", "FragmentEmbeddingConfig", "SentenceFragmentEncode
 
 @dataclasses.dataclass
 class FragmentEmbeddingConfig(ModelConfig):
-    FAMILY: ClassVar[str] = "fragment_embedding"
+    FAMILY: ClassVar[str] = "fragments"
     FILE_NAME: ClassVar[str] = "fragment_config.json"
     DESCRIPTION: ClassVar[str] = "fragment-model configuration"
 

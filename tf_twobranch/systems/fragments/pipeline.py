@@ -1,7 +1,7 @@
 """Deep fragment embeddings (Karpathy, Joulin & Fei-Fei, NIPS 2014): a row from its recipe.
 
 `FragmentRecipe` holds the values of every flag of
-``python -m experiments.fragment_embeddings`` (same names, same defaults);
+``python -m experiments.fragments`` (same names, same defaults);
 the experiment builds it once from its flags and stores it in
 ``results.json["recipe"]`` and each stage's ``run_config.json["recipe"]``.
 From a recipe alone (no absl, no `experiments` import):
@@ -192,7 +192,7 @@ class FragmentRecipe(RunRecipe):
     # The table runner.
     rows: list = flag(
         default_factory=list, help="Run these row flagfiles (names in experiments/configs or paths; 'all': every "
-        "karpathy_table<N>_*.cfg of --table) and print the tables.")
+        "fragments_table<N>_*.cfg of --table) and print the tables.")
     runs_dir: str = flag(
         "", "Parent folder of the rows' run folders, each named after its flagfile (default runs/ in the "
         "repository).")
@@ -470,14 +470,14 @@ EMBEDDED_PROFILE = {"word_dim": 64, "embed_dim": 256, "epochs": 4, "lr_drop_epoc
 def run(r: FragmentRecipe, typed: dict | None = None, flagfile: str | None = None) -> dict:
     """Runs one table row (in `r.run_dir`, else ``runs/<flagfile stem>``); returns the results record."""
     start = time.time()
-    row_name = r.row_name or "fragment_embeddings"
+    row_name = r.row_name or "fragments"
     run_dir = pathlib.Path(r.run_dir) if r.run_dir else table_runner.run_folder(None, flagfile, row_name)
     data = load_data(r)
     splits, images, text = data.splits, data.images, data.text
     evaluation = splits[r.eval_split]
     protocol = resolve_protocol(r, evaluation.num_images, split=f"the {r.eval_split} split")
     saved = {"typed_flags": typed or {}, "recipe": r.to_dict()}     # the recipe after its protocol is resolved
-    record = {"row": row_name, "task": "fragment_embeddings", "dataset": str(data.source), **saved,
+    record = {"row": row_name, "system": "fragments", "task": "fragments", "dataset": str(data.source), **saved,
               "run_dir": str(run_dir),
               "paper": paper_numbers(r.paper_results), "paper_dataset": r.paper_dataset,
               "paper_protocol": r.paper_protocol, "num_train_images": splits["train"].num_images,
@@ -521,7 +521,7 @@ def run(r: FragmentRecipe, typed: dict | None = None, flagfile: str | None = Non
                                                   seed=r.seed + stage, start_step=start_step)
 
         trainer.prepare_run_dir(stage_dir, {"model": config.to_dict(), "train": tcfg.__dict__, **saved,
-                                            "stage": stage, "task": "fragment_embeddings"})
+                                            "stage": stage, "task": "fragments"})
         model.save_config(stage_dir / config.FILE_NAME, relations=text.relations,
                           words=text.word_vectors.words, stage=stage)
         stage_start = time.time()

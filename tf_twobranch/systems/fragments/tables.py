@@ -1,5 +1,5 @@
 """Karpathy et al.'s Tables 2 and 3 layout (R@1, R@5, R@10, Med r of annotation and search, rsum) for the
-fragment rows' records (`experiments.fragment_tables` prints the ``--rows`` table with it)."""
+fragment rows' records (`experiments.fragments_tables` prints the ``--rows`` table with it)."""
 from __future__ import annotations
 
 from tf_twobranch.tables import CHANCE_ROW, format_cell, is_smoke, paper_beside_record, table_title

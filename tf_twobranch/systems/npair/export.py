@@ -324,7 +324,7 @@ def npair_gallery(model: NPairLocalizationModel, split, image_ids: Sequence[str]
 def export_npair_model(model: NPairLocalizationModel, export_dir, *, vocabulary: Sequence[str],
                        gallery: RetrievalGallery | None = None, gallery_block: int | None = None,
                        run_config: dict | None = None, overwrite: bool = True,
-                       model_name: str = "npair_localization",
+                       model_name: str = "npair",
                        point_rule: str = DEFAULT_POINT_RULE) -> pathlib.Path:
     """Writes the serving SavedModel of `model` to `export_dir` (atomically; see the module docstring).
 
@@ -395,5 +395,5 @@ def run_export(run) -> RunExport:
                                   run_config={"model": run.model.config.to_dict(), "recipe": recipe},
                                   point_rule=recipe.get("point_rule", "argmax"))
 
-    return RunExport("npair_localization", recipe.get("eval_split", "test"), split_gallery,
+    return RunExport("npair", recipe.get("eval_split", "test"), split_gallery,
                         lambda: NPairServingModule(run.model, vocabulary), write, text_inputs=plain_captions)

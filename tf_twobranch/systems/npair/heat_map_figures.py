@@ -1,7 +1,7 @@
 """Heat-map pictures of an N-pair localization row (Das et al., Figs. 1, 3 and 5): the image, then
 per phrase its heat map over the image with a colour bar, the pointing game's maximum (a cross
 drawn wholly inside the image) and the phrase's ground-truth boxes. No flags:
-`experiments.draw_heat_maps` is the command. matplotlib is imported only when a figure is drawn.
+`experiments.npair_draw` is the command. matplotlib is imported only when a figure is drawn.
 """
 from __future__ import annotations
 

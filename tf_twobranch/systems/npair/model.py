@@ -72,7 +72,7 @@ __all__ = ["LOSSES", "START_TOKEN", "END_TOKEN", "NPairLocalizationConfig", "NPa
 
 @dataclasses.dataclass
 class NPairLocalizationConfig(ModelConfig):
-    FAMILY: ClassVar[str] = "npair_localization"
+    FAMILY: ClassVar[str] = "npair"
     FILE_NAME: ClassVar[str] = "npair_config.json"
     DESCRIPTION: ClassVar[str] = "N-pair localization model configuration"
 

@@ -1,6 +1,6 @@
 """N-pair phrase localization (Das et al.): a row's recipe, its data, its model and its evaluation.
 
-`NPairRecipe` holds every flag of ``experiments/npair_localization.py``
+`NPairRecipe` holds every flag of ``experiments/npair.py``
 (same names, same defaults), typed; the experiment builds it once from its
 flags, stores it in results.json (``"recipe"``) and hands it to everything
 below, which never reads a flag:
@@ -74,7 +74,7 @@ BASELINE_KINDS = ("random_point", "centre_point", "channel_mean")
 
 @dataclasses.dataclass
 class NPairRecipe(RunRecipe):
-    """One row of the N-pair experiment: every flag of ``experiments.npair_localization``, by name,
+    """One row of the N-pair experiment: every flag of ``experiments.npair``, by name,
     with its default (the flags' help says what each means). List flags are tuples."""
     # Where this experiment words a shared flag's help its own way.
     FLAG_HELP = {
@@ -179,7 +179,7 @@ class NPairRecipe(RunRecipe):
     paper_dataset: str = flag("Flickr30K", "Dataset of the paper numbers.")
     # Run: distribution, seed, output, --smoke: inherited from RunRecipe.
     # The table runner (--rows).
-    rows: tuple[str, ...] = flag((), "Row flagfiles to run ('all': every das_*.cfg); prints Tables 2 and 1.")
+    rows: tuple[str, ...] = flag((), "Row flagfiles to run ('all': every npair_*.cfg); prints Tables 2 and 1.")
     runs_dir: str = flag(
         "", "Parent folder of the rows' run folders, each named after its flagfile (default runs/ in the "
         "repository).")
@@ -321,7 +321,7 @@ def baseline_pointing(recipe: NPairRecipe, data: NPairData, queries) -> dict:
 
 def summary(record: dict, recipe: NPairRecipe) -> None:
     """The row's headline metrics (``record["metrics"]``): retrieval under its protocol, pointing in
-    its parse mode (`models.npair_localization.headline_metrics`, what ``evaluate`` returns); and,
+    its parse mode (`systems.npair.model.headline_metrics`, what ``evaluate`` returns); and,
     where the pointing game was played, its grounding summary (``record["grounding"]``,
     `evaluation.grounding`: the phrases' fingerprint, the rule, the results)."""
     record["metrics"] = headline_metrics(record, recipe.protocol, recipe.parse_mode)
@@ -424,7 +424,7 @@ def train_model(recipe: NPairRecipe, typed: dict, data: NPairData, model, config
                                            start_step=start_step, image_key=image_key, token_key=token_key)
 
     trainer.prepare_run_dir(run_dir, {"model": config.to_dict(), "train": tcfg.__dict__, "typed_flags": typed,
-                                      "recipe": recipe.to_dict(), "task": "npair_localization"})
+                                      "recipe": recipe.to_dict(), "task": "npair"})
     model.save_config(run_dir / config.FILE_NAME, vocabulary=text.vocabulary)
     trained = trainer.train(model, dataset, tcfg, run_dir, steps_per_epoch=steps, epochs=recipe.epochs)
     return {k: [float(x) for x in v] for k, v in trained.history.items()}
@@ -433,7 +433,7 @@ def train_model(recipe: NPairRecipe, typed: dict, data: NPairData, model, config
 def run(recipe: NPairRecipe, typed: dict | None = None, flagfile: str | None = None) -> dict:
     """Runs one row in `recipe.run_dir` (else ``runs/<flagfile stem>``); returns results.json's record."""
     start, typed, recipe = time.time(), typed or {}, dataclasses.replace(recipe)   # resolve_protocol may set it
-    row_name = recipe.row_name or "npair_localization"
+    row_name = recipe.row_name or "npair"
     if recipe.retrieval_score_dtype != "float32" and recipe.aggregator != "max_image":
         # Said before training, not after it: the packed scorer is S_MaxImage's alone.
         raise UserInputError(f"--retrieval_score_dtype={recipe.retrieval_score_dtype} needs "
@@ -450,7 +450,7 @@ def run(recipe: NPairRecipe, typed: dict | None = None, flagfile: str | None = N
     protocol = {"protocol": None} if baseline else resolve_protocol(
         recipe, evaluation.num_images, split=f"the {recipe.eval_split} split")
     queries = evaluation_queries(layout, evaluation)
-    record = {"row": row_name, "task": "npair_localization", "row_kind": recipe.row_kind, "dataset": str(source),
+    record = {"row": row_name, "system": "npair", "task": "npair", "row_kind": recipe.row_kind, "dataset": str(source),
               "typed_flags": typed, "recipe": recipe.to_dict(), "run_dir": str(run_dir),
               "paper": paper_numbers(recipe.paper_results), "paper_dataset": recipe.paper_dataset,
               "paper_protocol": recipe.paper_protocol, "row_metric": reported_metric(recipe),

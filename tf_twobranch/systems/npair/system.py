@@ -6,8 +6,8 @@ import pathlib
 from tf_twobranch.systems.registry import (LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine, LeaderboardRun,
                                            LeaderboardSibling, Ordering, RunTask, Side, System, stage_file)
 
-NPAIR = RunTask("npair_localization", "an N-pair localization run (Das et al.)",
-                "experiments.npair_localization", "experiments.draw_heat_maps")
+NPAIR = RunTask("npair", "an N-pair localization run (Das et al.)",
+                "experiments.npair", "experiments.npair_draw", aliases=("npair_localization",))
 CONFIG_FILE = "npair_config.json"
 
 
@@ -36,10 +36,10 @@ def recognise(run_dir: pathlib.Path, results: dict, run_config: dict) -> tuple[s
 
 SYSTEM = System(
     name="npair", paper="Das, Ghouse, Verma, Li: Semi supervised phrase localization in a bidirectional "
-    "caption-image retrieval framework", model_family="npair_localization", tasks=(NPAIR,),
+    "caption-image retrieval framework", model_family="npair", tasks=(NPAIR,),
     load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
         LeaderboardLine("npair", "N-pair phrase localization (word mode)", "N-pair localization (Das Table 2)",
-                        LeaderboardRun(NPAIR.name, "das_table2_npair_word",
+                        LeaderboardRun(NPAIR.name, "npair_table2_npair_word",
                                        (*LEADERBOARD_RETRIEVAL_FLAGS, "--row_metric=auto"),
                                        reference_seconds=150), position=6),),
     # The sibling rows are grounded on the same phrases as the line (the pointing game).
@@ -51,13 +51,13 @@ SYSTEM = System(
         Ordering("N-pair beats the backbone channel-mean baseline (pointing game)", "Das Table 2",
                  Side("N-pair", "npair", "pointing"), Side("channel mean", "channel_mean", "pointing"))),
     siblings=(
-        LeaderboardSibling("triplet", LeaderboardRun(NPAIR.name, "das_table2_triplet",
+        LeaderboardSibling("triplet", LeaderboardRun(NPAIR.name, "npair_table2_triplet",
                                                      (*LEADERBOARD_RETRIEVAL_FLAGS, "--row_metric=auto"),
                                                      reference_seconds=150)),
-        LeaderboardSibling("centre", LeaderboardRun(NPAIR.name, "das_table2_centre", LEADERBOARD_RETRIEVAL_FLAGS,
+        LeaderboardSibling("centre", LeaderboardRun(NPAIR.name, "npair_table2_centre", LEADERBOARD_RETRIEVAL_FLAGS,
                                                     reference_seconds=40)),
-        LeaderboardSibling("channel_mean", LeaderboardRun(NPAIR.name, "das_table2_vgg_channel_mean",
+        LeaderboardSibling("channel_mean", LeaderboardRun(NPAIR.name, "npair_table2_vgg_channel_mean",
                                                           LEADERBOARD_RETRIEVAL_FLAGS, reference_seconds=60))),
-    smoke_row=LeaderboardRun(NPAIR.name, "das_table2_npair_word", (
+    smoke_row=LeaderboardRun(NPAIR.name, "npair_table2_npair_word", (
         "--word_dim=8", "--embed_dim=8", "--epochs=1", "--steps_per_epoch=2", "--batch_size=16",
         "--scene_cnn_epochs=1", "--protocol=full", "--run_eagerly", "--verbose=0", "--noexport")))

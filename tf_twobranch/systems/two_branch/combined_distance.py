@@ -5,7 +5,7 @@
 d the Euclidean distance of the image–sentence network's L2-normalised embeddings, d_rp the mean over
 the sentence's phrases of the distance from the phrase to its closest proposal of image x in the
 region–phrase network's space; ranks from the evaluation core on −D blocks
-(`experiments.combined_retrieval` trains or finds the two runs)."""
+(`experiments.two_branch_combined_distance` trains or finds the two runs)."""
 from __future__ import annotations
 
 import pathlib

@@ -1,7 +1,7 @@
 """Two-branch image-sentence retrieval (TPAMI Tables 2 and 3): the row recipe, its data
 (features computed and cached, or precomputed files), its model configuration, training and
-evaluation. `experiments.image_sentence_retrieval` turns its flags into a `RetrievalRecipe`
-and calls `run`; `experiments.retrieval_table` runs several through `tf_twobranch.table_runner`.
+evaluation. `experiments.two_branch_retrieval` turns its flags into a `RetrievalRecipe`
+and calls `run`; `experiments.two_branch_table` runs several through `tf_twobranch.table_runner`.
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def shared_field(name: str):
 
 @dataclasses.dataclass
 class RetrievalRecipe(RunRecipe):
-    """One image-sentence retrieval row (fields: the flags of experiments.image_sentence_retrieval)."""
+    """One image-sentence retrieval row (fields: the flags of experiments.two_branch_retrieval)."""
     # --smoke: one epoch on a slice of the images, whose features (a scene CNN of one epoch) are
     # computed for the slice only.
     SMOKE_CAPS = {"epochs": 1, "max_train_images": 200, "max_test_images": 100, "scene_cnn_epochs": 1,
@@ -313,7 +313,7 @@ def run(r: RetrievalRecipe, typed: dict | None = None, flagfile: str | None = No
     dataset_dir = layout.root
     train, test = splits["train"], splits["test"]
     protocol = resolve_protocol(r, test.num_images)
-    record = {"row": row_name, "task": "image_sentence_retrieval", "dataset_dir": str(dataset_dir),
+    record = {"row": row_name, "system": "two_branch", "task": "two_branch_retrieval", "dataset_dir": str(dataset_dir),
               "run_dir": str(run_dir),
               **run_record(r, typed),
               "paper": paper_numbers(r.paper_results), "paper_dataset": r.paper_dataset,
@@ -398,7 +398,7 @@ def format_record(record: dict) -> str:
     return table + (f"\nnote: {record['protocol_note']}" if record.get("protocol_note") else "")
 
 
-# The rows the main job (`experiments.retrieval_table` without --rows) trains, each under ~1 minute on
+# The rows the main job (`experiments.two_branch_table` without --rows) trains, each under ~1 minute on
 # the embedded data.
 MAIN_ROWS = ("_a1_", "_b2_", "_b4_", "_b5_", "_b6_", "_d_")
 # Seconds of the main job's phases on the reference machine of `speed.estimate_on_this_machine`

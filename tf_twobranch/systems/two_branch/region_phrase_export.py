@@ -347,7 +347,7 @@ def export_region_phrase_model(model: TwoBranchModel, image_backbone: keras.Mode
 
 def export_phrase_localization_run(model: TwoBranchModel, inputs: dict, export_dir, *,
                                    run_config: dict | None = None) -> pathlib.Path:
-    """The export of a phrase-localization run (what `experiments.draw_localization
+    """The export of a phrase-localization run (what `experiments.two_branch_draw
     --saved_model` and TF Serving take): the trained model between the region
     backbone and the fitted phrase encoder the run recorded (results.json
     ``inputs``: ``backbone``, ``backbone_weights``, ``text_encoder``).

@@ -1,7 +1,7 @@
 """Fig. 2-style phrase localization pictures (TPAMI 2018, Fig. 2) of a region–phrase model: the
 scorers (a SavedModel, or a loaded run's model with its backbone and phrase encoder), the
-figure of one image and `draw_localization` over a data folder. No flags:
-`experiments.draw_localization` is the command.
+figure of one image and `draw_region_phrase` over a data folder. No flags:
+`experiments.two_branch_draw` is the command.
 
 Like that command, this module imports no TensorFlow, scikit-learn or matplotlib at
 start-up: the functions that need them do.
@@ -187,7 +187,7 @@ def draw_image_figure(image: np.ndarray, captions: list[dict], out_path: str | o
 # ---------------------------------------------------------------------------- the command
 
 
-def draw_localization(data_dir, out_dir, scorer: Scorer, *, image_ids: Sequence[str] | None = None,
+def draw_region_phrase(data_dir, out_dir, scorer: Scorer, *, image_ids: Sequence[str] | None = None,
                       num_images: int = 4, split: str = "test", images_dir=None, proposals_path=None,
                       max_captions: int | None = None) -> list[pathlib.Path]:
     """Scores and draws the chosen images; returns the written PNG paths (one per image).
@@ -234,7 +234,7 @@ def draw_localization(data_dir, out_dir, scorer: Scorer, *, image_ids: Sequence[
                                 "pred_box": boxes[best[k]], "gt_boxes": example.gt_boxes})
                 k += 1
             captions.append({"words": sentence.words, "phrases": phrases})
-        written.append(draw_image_figure(pixels, captions, figure_path(out_dir, "draw_localization", image.image_id),
+        written.append(draw_image_figure(pixels, captions, figure_path(out_dir, "two_branch_draw", image.image_id),
                                          title=f"image {image.image_id}"))
         logging.info("Wrote %s", written[-1])
     return written

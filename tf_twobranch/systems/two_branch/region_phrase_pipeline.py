@@ -1,6 +1,6 @@
 """Two-branch phrase localization (TPAMI Table 1, §4): the row recipe, its data (region and
 phrase features), Algorithm 1 training in its stages, the evaluation (R@K at IoU >= 0.5) and
-the Table 1 layout. `experiments.phrase_localization` turns its flags into a
+the Table 1 layout. `experiments.two_branch_region_phrase` turns its flags into a
 `LocalizationRecipe` and calls `run`; its `--rows` run several through `tf_twobranch.table_runner`.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ EMBEDDED_PROFILE = {"word_dim": 50, "negatives_per_phrase": 20, "max_train_image
 
 @dataclasses.dataclass
 class LocalizationRecipe(RunRecipe):
-    """One phrase-localization row (fields: the flags of experiments.phrase_localization)."""
+    """One phrase-localization row (fields: the flags of experiments.two_branch_region_phrase)."""
     # Where this experiment words a shared flag's help its own way.
     FLAG_HELP = {
         "export": "Write the end-to-end SavedModel (image bytes, proposals and phrases -> scores; signature "
@@ -238,7 +238,7 @@ def train_model(r, data, run_dir: pathlib.Path, typed: dict | None = None) -> tu
         model = build_model(config)
     run_config = {"model": config.to_dict(), "train": tcfg.__dict__,
                   **run_record(r, typed),
-                  "task": "phrase_localization"}
+                  "task": "two_branch_region_phrase"}
     trainer.prepare_run_dir(run_dir, run_config)
     info = {"stages": []}
     sampler = _sampler(r, data, r.seed)
@@ -314,12 +314,12 @@ def run(r: LocalizationRecipe, typed: dict | None = None, flagfile: str | None =
     start = time.time()
     r, _ = prepare(dataclasses.replace(r), typed)
     check_flags(r)
-    row_name = r.row_name or "phrase_localization"
+    row_name = r.row_name or "two_branch_region_phrase"
     run_dir = pathlib.Path(r.run_dir) if r.run_dir else table_runner.run_folder(None, flagfile, row_name)
     layout, data = load_data(r)
     train, test = data["train"], data["test"]
-    record = {"row": row_name, "task": "phrase_localization", "dataset_dir": str(layout.root),
-              "run_dir": str(run_dir),
+    record = {"row": row_name, "system": "two_branch", "task": "two_branch_region_phrase",
+              "dataset_dir": str(layout.root), "run_dir": str(run_dir),
               **run_record(r, typed),
               "paper": paper_numbers(r.paper_results), "marks": table_marks(r),
               "num_train_phrases": train.num_phrases, "num_test_phrases": test.num_phrases,
@@ -338,12 +338,12 @@ def run(r: LocalizationRecipe, typed: dict | None = None, flagfile: str | None =
         model, info = train_model(r, train, run_dir, typed)
         record.update({k: v for k, v in info.items() if k != "run_config"})
         record["metrics"], record["grounding"] = evaluate_test_phrases(model, test, layout)
-        # Everything experiments.draw_localization needs besides --run_dir.
+        # Everything experiments.two_branch_draw needs besides --run_dir.
         cache = pathlib.Path(r.features_cache) if r.features_cache else layout.root / "features"
         record["inputs"] = phrase_localization_inputs(layout, cache, feature_spec(r))
         if r.export and is_chief():
             # The end-to-end export (JPEG + proposals + phrases -> scores): what
-            # draw_localization --saved_model and TF Serving take.
+            # two_branch_draw --saved_model and TF Serving take.
             record["export_dir"] = str(export_phrase_localization_run(
                 model, record["inputs"], run_dir / "export",
                 run_config={**info["run_config"], "inputs": record["inputs"]}))

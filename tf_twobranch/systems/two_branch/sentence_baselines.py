@@ -1,6 +1,6 @@
 """Sentence-to-sentence retrieval with text-only features (TPAMI 2018 §5.5, Table 4): every text
 encoder fitted on the training captions, each test caption querying the other test captions
-(`experiments.sentence_retrieval_baselines` is its command line)."""
+(`experiments.two_branch_sentence_baselines` is its command line)."""
 from __future__ import annotations
 
 import logging
@@ -18,10 +18,10 @@ from tf_twobranch.errors import UserInputError
 
 __all__ = ["sentence_baselines", "format_table", "SMOKE_CAPS"]
 
-# --smoke (experiments.sentence_retrieval_baselines): small encoders.
+# --smoke (experiments.two_branch_sentence_baselines): small encoders.
 SMOKE_CAPS = {"num_components": 4, "max_fit_words": 2000, "word_vector_dim": 32}
 
-logger = logging.getLogger("sentence_retrieval_baselines")
+logger = logging.getLogger("two_branch_sentence_baselines")
 
 
 def _load_split(corpus, layout, split: str):
@@ -98,7 +98,7 @@ def sentence_baselines(captions: str, train_split: str, test_split: str, encoder
     random_vectors = np.random.default_rng(seed).normal(size=(test.num_captions, 64)).astype(np.float32)
     chance = sentence_retrieval_metrics(random_vectors, test.caption_image, ks=(1, 5, 10))
     output = {
-        "task": "sentence_retrieval_baselines", "protocol": "sentence_to_sentence",
+        "task": "two_branch_sentence_baselines", "protocol": "sentence_to_sentence",
         "protocol_description": "sentence-to-sentence retrieval (TPAMI 2018 Table 4): each test caption "
                                 "queries the other test captions; positives are the other captions of the "
                                 "same image; cosine similarity",

@@ -6,10 +6,11 @@ import pathlib
 from tf_twobranch.systems.registry import (LEADERBOARD_REGION_FLAGS, LEADERBOARD_RETRIEVAL_FLAGS, LeaderboardLine,
                                            LeaderboardRun, LeaderboardSibling, Ordering, RunTask, Side, System)
 
-RETRIEVAL = RunTask("image_sentence_retrieval", "an image-sentence retrieval run (two-branch networks)",
-                    "experiments.image_sentence_retrieval", None)
-REGION_PHRASE = RunTask("phrase_localization", "a phrase-localization run (two-branch networks, Algorithm 1)",
-                        "experiments.phrase_localization", "experiments.draw_localization")
+RETRIEVAL = RunTask("two_branch_retrieval", "an image-sentence retrieval run (two-branch networks)",
+                    "experiments.two_branch_retrieval", None, aliases=("image_sentence_retrieval",))
+REGION_PHRASE = RunTask("two_branch_region_phrase", "a phrase-localization run (two-branch networks, Algorithm 1)",
+                        "experiments.two_branch_region_phrase", "experiments.two_branch_draw",
+                        aliases=("phrase_localization",))
 
 
 def load(run_dir: pathlib.Path, checkpoint: str):
@@ -27,8 +28,17 @@ def load(run_dir: pathlib.Path, checkpoint: str):
     config, extra = TwoBranchModel.load_config(config_path)
     model = build_model(config)
     load_checkpoint(model, run_weights(run_dir, checkpoint))
+    region_phrase = extra.get("task") in REGION_PHRASE.names
     return Run(run_dir, TwoBranchConfig.FAMILY, model, {"model": config.to_dict(), **extra},
-               run_results(run_dir, run_dir))
+               run_results(run_dir, run_dir), split_reader=_no_retrieval_split if region_phrase else None)
+
+
+def _no_retrieval_split(run):
+    from tf_twobranch.errors import UserInputError
+    raise UserInputError(
+        f"{run.run_dir}: a phrase-localization run has no retrieval split; it is evaluated with "
+        "tf_twobranch.evaluation.phrase_localization on its dataset's test phrases (results.json['inputs'] "
+        "names the dataset)")
 
 
 def _refuse_a_cca_run(run_dir: pathlib.Path) -> None:
@@ -82,19 +92,20 @@ SYSTEM = System(
     "matching tasks (TPAMI 2018; CVPR 2016)", model_family="two_branch", tasks=(RETRIEVAL, REGION_PHRASE),
     load=load, export=export, gallery=gallery, recognise=recognise, leaderboard=(
         LeaderboardLine("cca", "CCA (FV HGLMM)", "two-branch baseline (TPAMI Tables 1-2)",
-                        LeaderboardRun(RETRIEVAL.name, "table2_a1_cca_fv_hglmm", LEADERBOARD_RETRIEVAL_FLAGS,
+                        LeaderboardRun(RETRIEVAL.name, "two_branch_table2_a1_cca_fv_hglmm", LEADERBOARD_RETRIEVAL_FLAGS,
                                        reference_seconds=150),
-                        LeaderboardRun(REGION_PHRASE.name, "table1_a_cca", LEADERBOARD_REGION_FLAGS,
+                        LeaderboardRun(REGION_PHRASE.name, "two_branch_table1_a_cca", LEADERBOARD_REGION_FLAGS,
                                        reference_seconds=200), position=1),
         LeaderboardLine("embedding", "Two-branch embedding network (full model)", "two-branch (TPAMI Table 2 b6)",
-                        LeaderboardRun(RETRIEVAL.name, "table2_b6_nonlinear_bidir_nbr_constraints",
+                        LeaderboardRun(RETRIEVAL.name, "two_branch_table2_b6_nonlinear_bidir_nbr_constraints",
                                        LEADERBOARD_RETRIEVAL_FLAGS, reference_seconds=150),
-                        LeaderboardRun(REGION_PHRASE.name, "table1_b6_nonlinear_augm_pos_bidir_nbr_constraints",
+                        LeaderboardRun(REGION_PHRASE.name,
+                                       "two_branch_table1_b6_nonlinear_augm_pos_bidir_nbr_constraints",
                                        LEADERBOARD_REGION_FLAGS, reference_seconds=200), position=2),
         LeaderboardLine("similarity", "Two-branch similarity network", "two-branch (TPAMI Table 2 d)",
-                        LeaderboardRun(RETRIEVAL.name, "table2_d_similarity", LEADERBOARD_RETRIEVAL_FLAGS,
+                        LeaderboardRun(RETRIEVAL.name, "two_branch_table2_d_similarity", LEADERBOARD_RETRIEVAL_FLAGS,
                                        reference_seconds=180),
-                        LeaderboardRun(REGION_PHRASE.name, "table1_c4_similarity_nonlinear_augm_pos",
+                        LeaderboardRun(REGION_PHRASE.name, "two_branch_table1_c4_similarity_nonlinear_augm_pos",
                                        LEADERBOARD_REGION_FLAGS, reference_seconds=200), position=3)),
     orderings=(
         Ordering("neighbourhood constraints help", "TPAMI Table 2 (b5 < b6)",
@@ -107,8 +118,9 @@ SYSTEM = System(
                  Side("embedding", "embedding", "box_r1"), Side("CCA", "cca", "box_r1")),
         Ordering("similarity network localizes phrases better than CCA", "TPAMI Table 1 (c4 > a)",
                  Side("similarity", "similarity", "box_r1"), Side("CCA", "cca", "box_r1"))),
-    siblings=(LeaderboardSibling("b5", LeaderboardRun(RETRIEVAL.name, "table2_b5_nonlinear_bidir_nbr_sampling",
-                                                      LEADERBOARD_RETRIEVAL_FLAGS, reference_seconds=150)),),
-    smoke_row=LeaderboardRun(RETRIEVAL.name, "table2_b6_nonlinear_bidir_nbr_constraints", (
+    siblings=(LeaderboardSibling("b5", LeaderboardRun(
+        RETRIEVAL.name, "two_branch_table2_b5_nonlinear_bidir_nbr_sampling", LEADERBOARD_RETRIEVAL_FLAGS,
+        reference_seconds=150)),),
+    smoke_row=LeaderboardRun(RETRIEVAL.name, "two_branch_table2_b6_nonlinear_bidir_nbr_constraints", (
         "--epochs=1", "--batch_size=20", "--hidden_dim=32", "--embed_dim=16", "--top_k=3", "--scene_cnn_epochs=1",
         "--word_dim=8", "--verbose=0", "--noexport")))

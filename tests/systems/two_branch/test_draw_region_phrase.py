@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments.draw_localization import draw_localization, saved_model_scorer
+from experiments.two_branch_draw import draw_region_phrase, saved_model_scorer
 from tf_twobranch.data.embedded import generate_embedded_dataset
 from tf_twobranch.data.formats.splits import read_split_file
 from tf_twobranch.errors import DataFormatError
@@ -45,7 +45,7 @@ def exported(dataset, tmp_path_factory):
 
 
 def test_writes_one_png_per_image(dataset, exported, tmp_path):
-    paths = draw_localization(dataset, tmp_path / "fig2", saved_model_scorer(exported), num_images=2,
+    paths = draw_region_phrase(dataset, tmp_path / "fig2", saved_model_scorer(exported), num_images=2,
                               max_captions=3)
     test_ids = read_split_file(dataset / "test.txt")[:2]
     assert [p.name for p in paths] == [f"region_phrase_{i}.png" for i in test_ids]   # named by tool
@@ -63,9 +63,9 @@ def test_writes_one_png_per_image(dataset, exported, tmp_path):
 
 def test_explicit_ids_and_bad_inputs(dataset, exported, tmp_path):
     image_id = read_split_file(dataset / "test.txt")[3]
-    paths = draw_localization(dataset, tmp_path, saved_model_scorer(exported), image_ids=[image_id])
+    paths = draw_region_phrase(dataset, tmp_path, saved_model_scorer(exported), image_ids=[image_id])
     assert [p.name for p in paths] == [f"region_phrase_{image_id}.png"]
     with pytest.raises(DataFormatError, match="saved_model.pb"):
         saved_model_scorer(tmp_path)
     with pytest.raises(DataFormatError):
-        draw_localization(dataset, tmp_path, saved_model_scorer(exported), image_ids=["123"])
+        draw_region_phrase(dataset, tmp_path, saved_model_scorer(exported), image_ids=["123"])

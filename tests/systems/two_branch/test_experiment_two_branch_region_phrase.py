@@ -5,9 +5,9 @@ import pytest
 
 from tests.support.forked_modules import run_python
 from tests.support.records import assert_comparable_record
-from experiments import combined_retrieval as cr
+from experiments import two_branch_combined_distance as cr
 from experiments import common
-from experiments import phrase_localization as pl
+from experiments import two_branch_region_phrase as pl
 from tf_twobranch.data.embedded import generate_embedded_dataset
 
 TINY = ["--hidden_dim=32", "--embed_dim=16", "--batch_size=20", "--epochs=6", "--constraint_epochs=1",
@@ -28,23 +28,23 @@ def _run(cfg, dataset, run_dir, *extra):
 
 
 def test_every_table1_flagfile_parses():
-    configs = sorted(common.CONFIG_DIR.glob("table1_*.cfg"))
+    configs = sorted(common.CONFIG_DIR.glob("two_branch_table1_*.cfg"))
     assert len(configs) >= 12
     for cfg in configs:
         fv = common.parse_flagfile(pl.define_flags, str(cfg))
         assert fv.row_name and 1 <= len(common.paper_numbers(fv.paper_results)) <= 3
     assert common.paper_numbers(common.parse_flagfile(
-        pl.define_flags, str(common.resolve_config("table1_c5_similarity_1fc_head"))).paper_results) == [36.61]
+        pl.define_flags, str(common.resolve_config("two_branch_table1_c5_similarity_1fc_head"))).paper_results) == [36.61]
 
 
 def test_table5_flagfile_parses():
-    fv = common.parse_flagfile(cr.define_flags, str(common.resolve_config("table5_weighted_distance")))
+    fv = common.parse_flagfile(cr.define_flags, str(common.resolve_config("two_branch_table5_weighted_distance")))
     assert fv.alpha == 0.3 and len(common.paper_numbers(fv.paper_results)) == 12
 
 
 def test_constraints_without_sampling_is_a_clear_error(tiny_dataset, tmp_path):
     with pytest.raises(common.UserInputError, match="neighbourhood_sampling"):
-        _run("table1_b4_nonlinear_augm_pos_bidir", tiny_dataset, tmp_path / "run",
+        _run("two_branch_table1_b4_nonlinear_augm_pos_bidir", tiny_dataset, tmp_path / "run",
              "--neighbourhood_constraints")
 
 
@@ -58,7 +58,7 @@ def _check_metrics(m):
 @pytest.mark.slow
 # The similarity network's phrase-localization path is exercised end to end by
 # tests/systems/two_branch/test_export_localization.py (a trained similarity row and its export).
-@pytest.mark.parametrize("cfg", ["table1_b6_nonlinear_augm_pos_bidir_nbr_constraints"])
+@pytest.mark.parametrize("cfg", ["two_branch_table1_b6_nonlinear_augm_pos_bidir_nbr_constraints"])
 def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     record = _run(cfg, tiny_dataset, tmp_path / "run")
     _check_metrics(record["metrics"])
@@ -74,7 +74,7 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
         # Fig. 2 from the fresh run with --run_dir alone: the run recorded its backbone,
         # phrase encoder and dataset.
         out = tmp_path / "pictures"
-        done = run_python(["-m", "experiments.draw_localization",
+        done = run_python(["-m", "experiments.two_branch_draw",
                            f"--run_dir={tmp_path / 'run'}", f"--out_dir={out}", "--num_images=2"],
                           cwd=common.REPO_ROOT)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -82,7 +82,7 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
         assert len(pictures) == 2 and all(p.stat().st_size > 1000 for p in pictures)
         # ... and from the run's own export, which the README's Fig. 2 command names.
         out = tmp_path / "pictures_from_export"
-        done = run_python(["-m", "experiments.draw_localization",
+        done = run_python(["-m", "experiments.two_branch_draw",
                            f"--saved_model={tmp_path / 'run' / 'export'}", f"--out_dir={out}",
                            "--num_images=2"],
                           cwd=common.REPO_ROOT)
@@ -108,7 +108,7 @@ def _beats_random_scores(record):
 
 
 def test_cca_row_runs(tiny_dataset, tmp_path):
-    record = _run("table1_a_cca", tiny_dataset, tmp_path / "run")
+    record = _run("two_branch_table1_a_cca", tiny_dataset, tmp_path / "run")
     _check_metrics(record["metrics"])
     _beats_random_scores(record)
     # Grounding (evaluation.grounding): the pointing game of the top proposal's centre on the
@@ -121,7 +121,7 @@ def test_cca_row_runs(tiny_dataset, tmp_path):
 
 @pytest.mark.slow
 def test_combined_model_end_to_end(tiny_dataset, tmp_path):
-    from experiments import image_sentence_retrieval as isr
+    from experiments import two_branch_retrieval as isr
     is_fv = common.parse_flagfile(isr.define_flags, str(common.resolve_config(cr.DEFAULT_IMAGE_SENTENCE_CFG)),
                                   [f"--dataset_dir={tiny_dataset}", "--hidden_dim=32", "--embed_dim=16",
                                    "--batch_size=20", "--epochs=1", "--top_k=3", "--scene_cnn_epochs=1",
@@ -129,7 +129,7 @@ def test_combined_model_end_to_end(tiny_dataset, tmp_path):
                                    f"--run_dir={tmp_path / 'is'}"])
     isr.run(is_fv)
     _run(cr.DEFAULT_REGION_PHRASE_CFG, tiny_dataset, tmp_path / "rp", "--export=false")
-    fv = common.parse_flagfile(cr.define_flags, str(common.resolve_config("table5_weighted_distance")),
+    fv = common.parse_flagfile(cr.define_flags, str(common.resolve_config("two_branch_table5_weighted_distance")),
                                [f"--image_sentence_run={tmp_path / 'is'}", f"--region_phrase_run={tmp_path / 'rp'}",
                                 f"--run_dir={tmp_path / 'combined'}", "--chunk_size=40"])
     record = cr.run(fv)

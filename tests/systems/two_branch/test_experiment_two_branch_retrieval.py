@@ -6,7 +6,7 @@ import pytest
 from tests.support.forked_modules import run_python
 from tests.support.records import assert_comparable_record
 from experiments import common
-from experiments import image_sentence_retrieval as isr
+from experiments import two_branch_retrieval as isr
 from tests.support.baselines import random_retrieval_rsum
 from tf_twobranch.data.embedded import generate_embedded_dataset
 
@@ -30,9 +30,9 @@ def _run(cfg, dataset, tmp_path, *extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", ["table2_b6_nonlinear_bidir_nbr_constraints",
-                                 "table2_d_similarity", "table2_a1_cca_fv_hglmm",
-                                 "table2_c_lstm"])
+@pytest.mark.parametrize("cfg", ["two_branch_table2_b6_nonlinear_bidir_nbr_constraints",
+                                 "two_branch_table2_d_similarity", "two_branch_table2_a1_cca_fv_hglmm",
+                                 "two_branch_table2_c_lstm"])
 def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     # The similarity network learns slowest at this size (60 training images): after
     # 10 epochs it sat at the random bar (rsum 99.0 vs 100.4 with oneDNN's kernels),
@@ -40,7 +40,7 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     # (96.5, and 98.0 after 30); after 60 epochs: 124.5 there (+4 s), but 98.0 on a Zen 4
     # machine's (session 20), where 60 epochs at 3e-3 gave 126.0 and at 1e-2 151.0.
     similarity = ["--epochs=60", "--learning_rate=1e-2"]
-    record = _run(cfg, tiny_dataset, tmp_path, *(similarity if cfg == "table2_d_similarity" else []))
+    record = _run(cfg, tiny_dataset, tmp_path, *(similarity if cfg == "two_branch_table2_d_similarity" else []))
     m = record["metrics"]
     for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"):
         assert 0.0 <= m[key] <= 100.0
@@ -55,7 +55,7 @@ def test_rows_run_end_to_end(cfg, tiny_dataset, tmp_path):
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert_comparable_record(saved)
     assert saved["metrics"] == m
-    if cfg != "table2_a1_cca_fv_hglmm":
+    if cfg != "two_branch_table2_a1_cca_fv_hglmm":
         assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
         assert (tmp_path / "run" / "run_config.json").exists()
         # load_run gives back the split the run was evaluated on, read from the
@@ -77,7 +77,7 @@ def _readme_notebook_snippet() -> str:
 @pytest.mark.slow
 def test_readme_notebook_snippet_runs_as_written(tiny_dataset, tmp_path, monkeypatch):
     snippet = _readme_notebook_snippet()
-    run_name = "table2_b6_nonlinear_bidir_nbr_constraints"
+    run_name = "two_branch_table2_b6_nonlinear_bidir_nbr_constraints"
     assert f'load_run("runs/{run_name}")' in snippet
     record = _run(run_name, tiny_dataset, tmp_path, f"--run_dir={tmp_path / 'runs' / run_name}",
                   "--epochs=2", "--export=false")
@@ -110,7 +110,7 @@ def test_every_shipped_flagfile_parses():
 
 
 def test_command_line_error_has_no_traceback(tmp_path):
-    proc = run_python(["-m", "experiments.image_sentence_retrieval",
+    proc = run_python(["-m", "experiments.two_branch_retrieval",
                        f"--dataset_dir={tmp_path / 'missing'}"],
                       cwd=common.REPO_ROOT)
     assert proc.returncode == 2
@@ -126,13 +126,13 @@ def test_precomputed_features_must_match_the_captions(tiny_dataset, tmp_path):
     np.save(tmp_path / "tx_train.npy", np.ones((300, 3), np.float32))
     np.save(tmp_path / "tx_test.npy", np.ones((200, 3), np.float32))
     with pytest.raises(DataFormatError, match=r"im_test\.npy.*40"):
-        _run("table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
+        _run("two_branch_table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
              f"--image_features_train={tmp_path / 'im_train.npy'}",
              f"--image_features_test={tmp_path / 'im_test.npy'}",
              f"--text_features_train={tmp_path / 'tx_train.npy'}",
              f"--text_features_test={tmp_path / 'tx_test.npy'}")
     with pytest.raises(common.UserInputError, match="all four"):
-        _run("table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
+        _run("two_branch_table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
              f"--image_features_train={tmp_path / 'im_train.npy'}")
 
 
@@ -145,14 +145,14 @@ def test_nan_features_are_reported(tiny_dataset, tmp_path):
     for name, rows in (("im_test", 40), ("tx_train", 300), ("tx_test", 200)):
         np.save(tmp_path / f"{name}.npy", np.ones((rows, 4), np.float32))
     with pytest.raises(DataFormatError, match=r"im_train\.npy.*(NaN|nan)"):
-        _run("table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
+        _run("two_branch_table2_b4_nonlinear_bidir", tiny_dataset, tmp_path,
              *[f"--{k}_features_{s}={tmp_path / (('im_' if k == 'image' else 'tx_') + s)}.npy"
                for k in ("image", "text") for s in ("train", "test")])
 
 
 def test_run_record_keeps_typed_flags_apart_from_the_embedded_profile():
     fv = common.parse_flagfile(isr.define_flags,
-                               str(common.resolve_config("table2_b6_nonlinear_bidir_nbr_constraints")),
+                               str(common.resolve_config("two_branch_table2_b6_nonlinear_bidir_nbr_constraints")),
                                ["--epochs=3"])
     typed = common.typed_flags(fv)
     applied = isr.apply_embedded_profile(fv)   # no --dataset_dir: the embedded profile
@@ -163,6 +163,6 @@ def test_run_record_keeps_typed_flags_apart_from_the_embedded_profile():
     assert "word_dim" not in record["typed_flags"] and "top_k" not in record["typed_flags"]
     assert applied["hidden_dim"] == 1024 and record["flags"]["hidden_dim"] == 1024
     typed_hidden = common.parse_flagfile(isr.define_flags, str(common.resolve_config(
-        "table2_b6_nonlinear_bidir_nbr_constraints")), ["--hidden_dim=2048"])
+        "two_branch_table2_b6_nonlinear_bidir_nbr_constraints")), ["--hidden_dim=2048"])
     assert "hidden_dim" not in isr.apply_embedded_profile(typed_hidden)   # a typed flag wins
     assert typed_hidden.hidden_dim == 2048

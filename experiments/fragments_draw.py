@@ -18,7 +18,7 @@ proposals file the row used (or ``--proposals``).
 
 Example::
 
-    python -m experiments.draw_fragments --run_dir=runs/karpathy_table2_fragment_global_mil \
+    python -m experiments.fragments_draw --run_dir=runs/fragments_table2_fragment_global_mil \
         --out_dir=figures --image_index=0,1,2 --top_sentences=5
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tf_twobranch.figures import wrote_message
 from tf_twobranch.systems.fragments.alignment import draw_row_alignments
 from tf_twobranch.run_folders import require_run_task
 
-# Like draw_localization, this module imports no TensorFlow at start-up (--help stays fast):
+# Like two_branch_draw, this module imports no TensorFlow at start-up (--help stays fast):
 # the row is loaded, and TensorFlow imported, only when pictures are drawn.
 
 FLAGS = flags.FLAGS
@@ -43,10 +43,10 @@ FLAGS = flags.FLAGS
 def _check_run_dir(run_dir: pathlib.Path) -> None:
     if not run_dir.is_dir():
         raise UserInputError(f"--run_dir={run_dir}: folder does not exist")
-    require_run_task(run_dir, "fragment_embeddings", "experiments.draw_fragments")
+    require_run_task(run_dir, "fragments", "experiments.fragments_draw")
     if not (run_dir / "results.json").is_file():
         raise UserInputError(f"{run_dir}: no results.json; expected the run folder of a finished row of "
-                             "python -m experiments.fragment_embeddings (it writes results.json at the end)")
+                             "python -m experiments.fragments (it writes results.json at the end)")
 
 
 def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, **options) -> list[pathlib.Path]:
@@ -58,7 +58,7 @@ def draw_fragments(run_dir: str | os.PathLike, out_dir: str | os.PathLike, **opt
 
 
 def define_flags() -> None:
-    flags.DEFINE_string("run_dir", None, "Run folder of a finished experiments.fragment_embeddings row.")
+    flags.DEFINE_string("run_dir", None, "Run folder of a finished experiments.fragments row.")
     flags.DEFINE_string("out_dir", None, "Where the PNGs go (one per image, fragments_<image id>.png).")
     flags.DEFINE_list("image_index", None, "Positions of the images in the row's evaluation split "
                       "(default: 0).")

@@ -1,10 +1,10 @@
 r"""Runs every row of TPAMI Table 2 (Flickr30K) or Table 3 (MSCOCO 1K) and prints it.
 
-    python -m experiments.retrieval_table                 # Table 2 on the embedded data
-    python -m experiments.retrieval_table --table=3 --dataset_dir=/data/coco ...
+    python -m experiments.two_branch_table                 # Table 2 on the embedded data
+    python -m experiments.two_branch_table --table=3 --dataset_dir=/data/coco ...
 
-Each row is a flagfile in experiments/configs/ (table<N>_*.cfg), runnable on
-its own with `python -m experiments.image_sentence_retrieval --flagfile=...`;
+Each row is a flagfile in experiments/configs/ (two_branch_table<N>_*.cfg), runnable on
+its own with `python -m experiments.two_branch_retrieval --flagfile=...`;
 either way its run folder is runs/<flagfile stem> (tf_twobranch.table_runner).
 Flags given here after the runner's own (e.g. --dataset_dir, --epochs, --smoke)
 are passed to every row. Rows that finished earlier with the same arguments
@@ -20,7 +20,7 @@ import time
 from absl import app, flags
 
 from experiments import common
-from experiments import image_sentence_retrieval as isr
+from experiments import two_branch_retrieval as isr
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, exit_with_user_error, expand_flagfiles, parse_flags
 from tf_twobranch.data.embedded import default_dataset_dir
@@ -35,7 +35,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_enum("table", "2", ["2", "3"], "2: Flickr30K rows; 3: MSCOCO 1K rows.", **d)
     common.define_runner_flags(fv, rows_help=(
         "Row flagfiles (names in experiments/configs or paths), or 'all' for every "
-        "table<N>_*.cfg; default: the main rows (CCA, linear and nonlinear bi-directional, "
+        "two_branch_table<N>_*.cfg; default: the main rows (CCA, linear and nonlinear bi-directional, "
         "neighbourhood sampling, + constraints, similarity network) — the LSTM and "
         "single-directional rows need --rows=all."), runs_dir=False)
     flags.DEFINE_string("export_row", "b6", "Row whose model is exported (substring of its "
@@ -87,7 +87,7 @@ def _main() -> None:
     overrides = _row_overrides(_expanded_argv(sys.argv))
     runs_dir = pathlib.Path(FLAGS.runs_dir) if FLAGS.runs_dir else table_runner.default_runs_dir()
     configs = table_runner.select_rows(
-        FLAGS.rows, pattern=f"table{FLAGS.table}_*.cfg",
+        FLAGS.rows, pattern=f"two_branch_table{FLAGS.table}_*.cfg",
         default=lambda every: [c for c in every if any(k in c.stem for k in MAIN_ROWS)])
     _print_estimate(configs, overrides)
     start = time.time()
@@ -109,7 +109,7 @@ def _main() -> None:
     exported = [r["export_dir"] for r in records if r.get("export_dir")]
     for e in exported:
         print(f"SavedModel: {e}")
-    out = FLAGS.out_json or runs_dir / f"table{FLAGS.table}.json"
+    out = FLAGS.out_json or runs_dir / f"two_branch_table{FLAGS.table}.json"
     common.write_json(out, {"rows": records, "seconds": time.time() - start})
     print(f"results: {out} ({time.time() - start:.0f} s)")
     last = next((r for r in reversed(records) if r.get("export_dir")), records[-1])

@@ -1,8 +1,8 @@
 r"""Phrase localization with two-branch networks (TPAMI Table 1, §4).
 
-    python -m experiments.phrase_localization \
-        --flagfile=experiments/configs/table1_b5_nonlinear_augm_bidir_nbr_sampling.cfg
-    python -m experiments.phrase_localization --rows=all      # every Table 1 row, then the table
+    python -m experiments.two_branch_region_phrase \
+        --flagfile=experiments/configs/two_branch_table1_b5_nonlinear_augm_pos_bidir_nbr_sampling.cfg
+    python -m experiments.two_branch_region_phrase --rows=all      # every Table 1 row, then the table
 
 Either way a row's run folder is runs/<flagfile stem> (tf_twobranch.table_runner);
 rows that finished earlier with the same arguments are reused (--noresume).
@@ -76,13 +76,13 @@ def run(f, flagfile: str | None = None) -> dict:
 
 
 def follow_up(record: dict) -> str:
-    """What to run next on the row's run folder (draw_localization, TF Serving)."""
+    """What to run next on the row's run folder (two_branch_draw, TF Serving)."""
     run_dir = record.get("run_dir", "")
     if record["flags"]["model"] == "cca":
         return table_runner.next_command(run_dir, load_run=False)
-    commands = [f"python -m experiments.draw_localization --run_dir={run_dir} --out_dir=figures"]
+    commands = [f"python -m experiments.two_branch_draw --run_dir={run_dir} --out_dir=figures"]
     if record.get("export_dir"):
-        commands.append(f"python -m experiments.draw_localization --saved_model={record['export_dir']} "
+        commands.append(f"python -m experiments.two_branch_draw --saved_model={record['export_dir']} "
                         "--out_dir=figures")
     return table_runner.next_command(run_dir, *commands, load_run=False)
 
@@ -111,7 +111,7 @@ def run_rows(configs, overrides=(), export_row: str = "b5", out_json=None, runs_
         [_table_row(r) for r in records]))
     print(format_chance(first))
     parent = runs_dir or next((o.split("=", 1)[1] for o in overrides if o.startswith("--run_dir=")), None)
-    out = out_json or table_runner.run_folder(parent, None, "table1").with_suffix(".json")
+    out = out_json or table_runner.run_folder(parent, None, "two_branch_table1").with_suffix(".json")
     common.write_json(out, {"rows": records, "seconds": time.time() - start})
     print(f"results: {out} ({time.time() - start:.0f} s)")
     last = next((r for r in reversed(records) if r.get("export_dir")), records[-1])
@@ -123,7 +123,7 @@ def _main() -> None:
     f = flags.FLAGS
     if f.rows:
         overrides = common.runner_arguments(sys.argv, RUNNER_FLAGS)
-        run_rows(table_runner.select_rows(f.rows, pattern="table1_*.cfg"), overrides,
+        run_rows(table_runner.select_rows(f.rows, pattern="two_branch_table1_*.cfg"), overrides,
                  out_json=f.out_json or None, runs_dir=f.runs_dir or None, resume=f.resume)
         return
     record = run(f, flagfile=table_runner.flagfile_of(sys.argv))
@@ -144,5 +144,5 @@ if __name__ == "__main__":
     define_flags()
     common.define_runner_flags(flags.FLAGS, rows_help=(
         "Run these Table 1 flagfiles (names in experiments/configs or paths; 'all' = every "
-        "table1_*.cfg) and print the whole table; other flags go to every row."))
+        "two_branch_table1_*.cfg) and print the whole table; other flags go to every row."))
     app.run(main, flags_parser=parse_flags)

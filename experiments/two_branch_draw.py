@@ -23,7 +23,7 @@ The data folder has the Flickr30K Entities layout (``Sentences/``,
 
 Example::
 
-    python -m experiments.draw_localization --saved_model=/tmp/pl_export \
+    python -m experiments.two_branch_draw --saved_model=/tmp/pl_export \
         --num_images=4 --out_dir=/tmp/fig2
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.errors import UserInputError
 from tf_twobranch.figures import wrote_message
 from tf_twobranch.systems.two_branch.region_phrase_figures import (  # noqa: F401  (re-exported)
-    PHRASE_COLOURS, Scorer, draw_image_figure, draw_localization, python_scorer,  # noqa: F401
+    PHRASE_COLOURS, Scorer, draw_image_figure, draw_region_phrase, python_scorer,  # noqa: F401
     saved_model_scorer)
 from tf_twobranch.run_folders import require_run_task
 
@@ -98,7 +98,7 @@ def _main() -> None:
             scorer = saved_model_scorer(FLAGS.saved_model)
         else:
             # Only the --run_dir path needs load_run (it imports TensorFlow).
-            require_run_task(FLAGS.run_dir, "phrase_localization", "experiments.draw_localization")
+            require_run_task(FLAGS.run_dir, "two_branch_region_phrase", "experiments.two_branch_draw")
             from tf_twobranch.runs import load_run
             run = load_run(FLAGS.run_dir)
             inputs = _run_inputs(run)
@@ -108,7 +108,7 @@ def _main() -> None:
         if FLAGS.saved_model:
             inputs = _export_inputs(FLAGS.saved_model)
         data_dir = FLAGS.data_dir or inputs["dataset_dir"]   # None: the embedded dataset
-        paths = draw_localization(data_dir, FLAGS.out_dir, scorer, image_ids=FLAGS.image_ids,
+        paths = draw_region_phrase(data_dir, FLAGS.out_dir, scorer, image_ids=FLAGS.image_ids,
                                   num_images=FLAGS.num_images, split=FLAGS.split, images_dir=FLAGS.images_dir,
                                   proposals_path=FLAGS.proposals, max_captions=FLAGS.max_captions)
     except UserInputError as err:

@@ -1,9 +1,9 @@
 r"""Image–sentence retrieval with region–phrase correspondences (TPAMI Table 5, §5.6).
 
-    python -m experiments.combined_retrieval \
-        --flagfile=experiments/configs/table5_weighted_distance.cfg \
-        --image_sentence_run=runs/table2_b6_nonlinear_bidir_nbr_constraints \
-        --region_phrase_run=runs/table1_b5_nonlinear_augm_pos_bidir_nbr_sampling
+    python -m experiments.two_branch_combined_distance \
+        --flagfile=experiments/configs/two_branch_table5_weighted_distance.cfg \
+        --image_sentence_run=runs/two_branch_table2_b6_nonlinear_bidir_nbr_constraints \
+        --region_phrase_run=runs/two_branch_table1_b5_nonlinear_augm_pos_bidir_nbr_sampling
 
 On the test split, with x an image and y a sentence,
 
@@ -20,9 +20,9 @@ Entities sentence are checked to be the same words. A sentence without
 phrases keeps D = d.
 
 Without --image_sentence_run / --region_phrase_run both models are first
-trained with the full-model flagfiles (table2_b6… and table1_b5…), with
+trained with the full-model flagfiles (two_branch_table2_b6… and two_branch_table1_b5…), with
 --train_overrides (e.g. shorter schedules; --smoke adds the rows' --smoke) applied
-to both, into runs/table5/<flagfile stem> (tf_twobranch.table_runner; reused
+to both, into runs/two_branch_table5/<flagfile stem> (tf_twobranch.table_runner; reused
 when they finished earlier with the same arguments).
 """
 from __future__ import annotations
@@ -34,22 +34,22 @@ import time
 from absl import app, flags
 
 from experiments import common
-from experiments import image_sentence_retrieval as isr
-from experiments import phrase_localization as pl
+from experiments import two_branch_retrieval as isr
+from experiments import two_branch_region_phrase as pl
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
 from tf_twobranch.runs import load_run
 from tf_twobranch.systems.two_branch.combined_distance import combined_distance_retrieval, format_table
 
-DEFAULT_IMAGE_SENTENCE_CFG = "table2_b6_nonlinear_bidir_nbr_constraints"
-DEFAULT_REGION_PHRASE_CFG = "table1_b5_nonlinear_augm_pos_bidir_nbr_sampling"
+DEFAULT_IMAGE_SENTENCE_CFG = "two_branch_table2_b6_nonlinear_bidir_nbr_constraints"
+DEFAULT_REGION_PHRASE_CFG = "two_branch_table1_b5_nonlinear_augm_pos_bidir_nbr_sampling"
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     d = dict(flag_values=fv)
-    flags.DEFINE_string("image_sentence_run", "", "Run dir of experiments.image_sentence_retrieval "
+    flags.DEFINE_string("image_sentence_run", "", "Run dir of experiments.two_branch_retrieval "
                         "(embedding network); empty: train one with --image_sentence_flagfile.", **d)
-    flags.DEFINE_string("region_phrase_run", "", "Run dir of experiments.phrase_localization "
+    flags.DEFINE_string("region_phrase_run", "", "Run dir of experiments.two_branch_region_phrase "
                         "(embedding network); empty: train one with --region_phrase_flagfile.", **d)
     flags.DEFINE_string("image_sentence_flagfile", DEFAULT_IMAGE_SENTENCE_CFG, "Row trained when no run is given.", **d)
     flags.DEFINE_string("region_phrase_flagfile", DEFAULT_REGION_PHRASE_CFG, "Row trained when no run is given.", **d)
@@ -83,7 +83,7 @@ def _train_missing(f) -> tuple[pathlib.Path, pathlib.Path]:
             return module.run(common.parse_flagfile(module.define_flags, str(path), arguments))
 
         record, = table_runner.run_table([cfg], run_row, overrides=overrides,
-                                         runs_dir=table_runner.default_runs_dir() / "table5",
+                                         runs_dir=table_runner.default_runs_dir() / "two_branch_table5",
                                          is_chief=common.is_chief)
         runs.append(pathlib.Path(record["run_dir"]))
     return runs[0], runs[1]
@@ -92,7 +92,7 @@ def _train_missing(f) -> tuple[pathlib.Path, pathlib.Path]:
 def run(f, flagfile: str | None = None) -> dict:
     start = time.time()
     is_run, rp_run = _train_missing(f)
-    record = {"row": f.row_name, "task": "combined_retrieval", **combined_distance_retrieval(
+    record = {"row": f.row_name, "task": "two_branch_combined_distance", **combined_distance_retrieval(
         load_run(is_run), load_run(rp_run), alpha=f.alpha, chunk_size=f.chunk_size, image_chunk=f.image_chunk),
         "paper": common.paper_numbers(f.paper_results), "paper_dataset": f.paper_dataset,
         "paper_protocol": f.paper_protocol, **common.flag_record(f)}
@@ -107,7 +107,7 @@ def _main() -> None:
     record = run(flags.FLAGS, flagfile=table_runner.flagfile_of(sys.argv))
     print(format_table(record))
     print(table_runner.next_command(
-        record["run_dir"], f"python -m experiments.draw_localization --run_dir={record['region_phrase_run']} "
+        record["run_dir"], f"python -m experiments.two_branch_draw --run_dir={record['region_phrase_run']} "
         "--out_dir=figures", load_run=False))
 
 

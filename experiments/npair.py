@@ -1,7 +1,7 @@
 r"""Semi-supervised phrase localization (Das et al.): Tables 1 and 2.
 
-    python -m experiments.npair_localization --flagfile=experiments/configs/das_table2_npair_word.cfg
-    python -m experiments.npair_localization --rows=all     # every row; prints Table 2 beside the paper
+    python -m experiments.npair --flagfile=experiments/configs/npair_table2_npair_word.cfg
+    python -m experiments.npair --rows=all     # every row; prints Table 2 beside the paper
 
 A caption–image retrieval model (spatial image map × per-token caption vectors → localization
 volume → S_MaxImage) is trained on captions alone with the N-pair loss (or the triplet loss); no

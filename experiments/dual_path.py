@@ -1,6 +1,6 @@
 r"""Dual-path CNN with instance loss (Zheng et al.): Tables 1, 2, 5, 6, 7, 8.
 
-    python -m experiments.instance_loss --flagfile=experiments/configs/zheng_table2_full_model.cfg
+    python -m experiments.dual_path --flagfile=experiments/configs/dual_path_table2_full_model.cfg
 
 Trains from raw pixels and words: Stage I (instance loss only, image
 backbone frozen) then Stage II (everything fine-tuned, ranking + instance

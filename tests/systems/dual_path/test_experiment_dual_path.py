@@ -1,4 +1,4 @@
-"""experiments.instance_loss: flagfiles, user errors, and one tiny end-to-end run."""
+"""experiments.dual_path: flagfiles, user errors, and one tiny end-to-end run."""
 import json
 import pathlib
 
@@ -9,10 +9,10 @@ from absl import flags
 from tests.support.forked_modules import run_python
 from tests.support.records import assert_comparable_record
 from experiments import common
-from experiments import instance_loss as exp
+from experiments import dual_path as exp
 from tf_twobranch.systems.dual_path import pipeline
 
-CONFIGS = sorted(common.CONFIG_DIR.glob("zheng_*.cfg"))
+CONFIGS = sorted(common.CONFIG_DIR.glob("dual_path_*.cfg"))
 TINY = ["--max_train_images=32", "--max_test_images=12", "--stage1_epochs=1",
         "--stage2_epochs=1", "--text_width=2", "--text_blocks=1,1,1,1",
         "--hidden_dim=16", "--embed_dim=16", "--word_dim=8", "--verbose=0", "--batch_size=16",
@@ -32,7 +32,7 @@ def test_every_paper_table_has_flagfiles():
     names = {p.stem for p in CONFIGS}
     for table in ("table1", "table2", "table5", "table6", "table7", "table8"):
         assert any(table in n for n in names), table
-    assert "zheng_reference_code_flickr30k" in names
+    assert "dual_path_reference_code_flickr30k" in names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -86,7 +86,7 @@ def test_missing_dataset_dir_is_reported_before_word_vectors_and_weights(tmp_pat
 def test_missing_dataset_dir_command_line_error():
 
     result = run_python(
-        ["-m", "experiments.instance_loss", "--dataset_dir=/nonexistent",
+        ["-m", "experiments.dual_path", "--dataset_dir=/nonexistent",
          "--word_vectors=/also/missing.bin"],
         cwd=common.REPO_ROOT, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]

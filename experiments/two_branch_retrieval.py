@@ -1,7 +1,7 @@
 r"""Image–sentence retrieval with two-branch networks (TPAMI Tables 2 and 3).
 
-    python -m experiments.image_sentence_retrieval \
-        --flagfile=experiments/configs/table2_b6_nonlinear_bidir_nbrsampling_constraints.cfg
+    python -m experiments.two_branch_retrieval \
+        --flagfile=experiments/configs/two_branch_table2_b6_nonlinear_bidir_nbr_constraints.cfg
 
 With no --dataset_dir the embedded digit-scene dataset is generated (once)
 and used. For Flickr30K pass --dataset_dir with results_20130124.token and

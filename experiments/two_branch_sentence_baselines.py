@@ -14,7 +14,7 @@ counted in the output. FastICA before the mixture (the papers' setting) is
 optional (--ica) because it takes minutes on 2 cores; with it, fisher_hglmm
 reached R@1/5/10 36.0/56.8/65.5 instead of 33.2/53.3/61.7 (PPMI-SVD vectors).
 
-  python -m experiments.sentence_retrieval_baselines --out_json=table4_baselines.json
+  python -m experiments.two_branch_sentence_baselines --out_json=table4_baselines.json
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def run() -> dict:
     print(format_table(output))
     if FLAGS.out_json:
         write_json(FLAGS.out_json, output)   # atomic; creates the folder
-        print(f"results: {FLAGS.out_json}\nNext: python -m experiments.retrieval_table "
+        print(f"results: {FLAGS.out_json}\nNext: python -m experiments.two_branch_table "
               "(the learned embeddings' sentence-to-sentence retrieval, the same protocol)")
     return output
 

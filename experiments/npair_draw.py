@@ -11,7 +11,7 @@ red otherwise): ``<out_dir>/heat_maps_<image id>_s<sentence>_<mode>.png``.
 The row is rebuilt from its run folder alone (`tf_twobranch.runs.load_run`:
 its results.json recipe, the cached backbone maps and the checkpoint)::
 
-    python -m experiments.draw_heat_maps --run_dir=runs/das_table2_npair_word --out_dir=figures \
+    python -m experiments.npair_draw --run_dir=runs/npair_table2_npair_word --out_dir=figures \
         --image_index=0,1,2 --parse_mode=phrase
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ FLAGS = flags.FLAGS
 
 def define_flags(fv: flags.FlagValues = FLAGS) -> None:
     d = dict(flag_values=fv)
-    flags.DEFINE_string("run_dir", "", "Run folder of a finished model row of experiments.npair_localization.", **d)
+    flags.DEFINE_string("run_dir", "", "Run folder of a finished model row of experiments.npair.", **d)
     flags.DEFINE_string("out_dir", "figures", "Where the PNGs go (heat_maps_<image id>_s<sentence>_<mode>.png).",
                        **d)
     flags.DEFINE_list("image_index", ["0"], "Indices of the evaluation images to draw.", **d)
@@ -41,10 +41,10 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
 def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "word") -> list[pathlib.Path]:
     """Draws the pictures; returns the PNG paths."""
     run_dir = pathlib.Path(run_dir)
-    require_run_task(run_dir, "npair_localization", "experiments.draw_heat_maps")
+    require_run_task(run_dir, "npair", "experiments.npair_draw")
     if not (run_dir / "results.json").is_file():
         raise UserInputError(f"--run_dir={run_dir}: no results.json; expected the run folder of a finished "
-                             "model row of python -m experiments.npair_localization")
+                             "model row of python -m experiments.npair")
     # TensorFlow only now: --help stays fast.
     from tf_twobranch.data.formats.images import load_image
     from tf_twobranch.systems.npair import heat_maps as localization_maps
@@ -77,7 +77,7 @@ def draw(run_dir, out_dir, image_indices, sentence: int = 0, parse_mode: str = "
         path = layout.image_paths([image_id])[0]
         out.append(draw_phrase_heat_maps(
             load_image(path), queries, heat,
-            figure_path(out_dir, "draw_heat_maps", image_id, f"_s{sentence}_{parse_mode}"),
+            figure_path(out_dir, "npair_draw", image_id, f"_s{sentence}_{parse_mode}"),
             title=" ".join(queries[0].caption_words)))
     return out
 

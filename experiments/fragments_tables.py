@@ -1,5 +1,5 @@
 """The tables of Karpathy et al. (NIPS 2014), Tables 2 and 3: their layout, and the `--rows` table of
-`experiments.fragment_embeddings` run through the one table runner (`tf_twobranch.table_runner`:
+`experiments.fragments` run through the one table runner (`tf_twobranch.table_runner`:
 row selection, flags for every row, resume, run folder ``<runs_dir>/<flagfile stem>``).
 
 A Table 3 row whose flags differ from its Table 2 twin's only in the paper's labels (on one
@@ -32,8 +32,8 @@ def _paper_order(cfg: pathlib.Path):
 
 
 def select_rows(rows, table: str = "all") -> list[pathlib.Path]:
-    """--rows: names or paths, or 'all' (every karpathy_table<table>_*.cfg, in the paper's order)."""
-    configs = table_runner.select_rows(rows, pattern=f"karpathy_table{'*' if table == 'all' else table}_*.cfg")
+    """--rows: names or paths, or 'all' (every fragments_table<table>_*.cfg, in the paper's order)."""
+    configs = table_runner.select_rows(rows, pattern=f"fragments_table{'*' if table == 'all' else table}_*.cfg")
     return sorted(configs, key=_paper_order) if list(rows) == ["all"] else configs
 
 
@@ -80,7 +80,7 @@ def run_rows(f, argv, define_flags: Callable[[flags.FlagValues], None],
     results = {cfg.stem: _entry(r, table_runner.run_folder(runs_dir, cfg)) for cfg, r in zip(configs, records)}
     out = {"rows": results}
     for table, dataset in (("2", "Flickr8K"), ("3", "Flickr30K")):
-        rows = [r for stem, r in results.items() if stem.startswith(f"karpathy_table{table}_")]
+        rows = [r for stem, r in results.items() if stem.startswith(f"fragments_table{table}_")]
         texts = []
         for group in common.groups_by_test_split(rows):
             first = group[0]
@@ -96,7 +96,7 @@ def run_rows(f, argv, define_flags: Callable[[flags.FlagValues], None],
             text = "\n\n".join(texts)
             print(text)
             out[f"table{table}"] = text
-    common.write_json(f.out_json or runs_dir / "karpathy_tables.json", out)
+    common.write_json(f.out_json or runs_dir / "fragments_tables.json", out)
     drawable = [r for r in records if r["recipe"]["representation"] == "fragments"
                 and not r["recipe"]["random_ranking"]]
     print(follow_up((drawable or records)[-1]))
@@ -104,9 +104,9 @@ def run_rows(f, argv, define_flags: Callable[[flags.FlagValues], None],
 
 
 def follow_up(record: dict) -> str:
-    """What to run next on a row's run folder (draw_fragments, load_run)."""
+    """What to run next on a row's run folder (fragments_draw, load_run)."""
     run_dir, recipe = record.get("trained_in") or record["run_dir"], record["recipe"]
     if recipe["random_ranking"] or recipe["representation"] != "fragments":   # nothing to draw
         return table_runner.next_command(run_dir, load_run=not recipe["random_ranking"])
     return table_runner.next_command(
-        run_dir, f"python -m experiments.draw_fragments --run_dir={run_dir} --out_dir=figures --top_sentences=5")
+        run_dir, f"python -m experiments.fragments_draw --run_dir={run_dir} --out_dir=figures --top_sentences=5")

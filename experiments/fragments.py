@@ -1,7 +1,7 @@
 r"""Deep fragment embeddings (Karpathy, Joulin & Fei-Fei, NIPS 2014): Tables 2 and 3.
 
-    python -m experiments.fragment_embeddings --flagfile=experiments/configs/karpathy_table2_fragment_global_mil.cfg
-    python -m experiments.fragment_embeddings --rows=all          # every row, printed beside the paper
+    python -m experiments.fragments --flagfile=experiments/configs/fragments_table2_fragment_global_mil.cfg
+    python -m experiments.fragments --rows=all          # every row, printed beside the paper
 
 Image fragments (the whole image and its top 19 proposals through the CNN)
 and sentence fragments (dependency triplets of the captions' CoNLL-U parses)
@@ -16,14 +16,14 @@ and the CNN frozen, the rest with MIL labels and (with `--fine_tune_cnn`)
 the CNN's top layer trained. The learning rate drops ×0.1 for the last
 `--lr_drop_epochs` epochs. `--init_from` starts from another run's weights.
 
-With `--rows`, each row's flagfile (``karpathy_table{2,3}_*.cfg``) runs with the other flags
+With `--rows`, each row's flagfile (``fragments_table{2,3}_*.cfg``) runs with the other flags
 given here in ``runs/<flagfile stem>`` (as alone; a table resumes: `tf_twobranch.table_runner`),
 and the tables are printed beside the paper's numbers; the results go to `--out_json`.
 
 The flags become a `FragmentRecipe` once per row (`recipe_from_flags`); the
 data, model configuration, schedule and evaluation are the library's
 (`tf_twobranch.systems.fragments.pipeline`), the tables
-`experiments.fragment_tables`. A finished row loads with
+`experiments.fragments_tables`. A finished row loads with
 ``tf_twobranch.runs.load_run(run_dir)`` (no absl): its
 ``model.evaluate(run.evaluation_split())`` gives its results.json metrics.
 
@@ -37,7 +37,7 @@ import sys
 
 from absl import app, flags
 
-from experiments import common, fragment_tables
+from experiments import common, fragments_tables
 from tf_twobranch.systems.fragments.tables import format_record
 from tf_twobranch import table_runner
 from tf_twobranch.cli import absl_main, parse_flags
@@ -65,8 +65,8 @@ def run(f, flagfile: str | None = None) -> dict:
 
 
 def run_rows(f, argv) -> dict:
-    """--rows through `fragment_tables.run_rows`: the flags of `argv` not the runner's go to every row."""
-    return fragment_tables.run_rows(f, argv, define_flags, run)
+    """--rows through `fragments_tables.run_rows`: the flags of `argv` not the runner's go to every row."""
+    return fragments_tables.run_rows(f, argv, define_flags, run)
 
 
 def _main() -> None:
@@ -78,7 +78,7 @@ def _main() -> None:
     print(format_record(record))
     if record.get("export_dir"):
         print(f"SavedModel: {record['export_dir']}")
-    print(fragment_tables.follow_up(record))
+    print(fragments_tables.follow_up(record))
 
 
 main = absl_main(_main)
