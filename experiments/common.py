@@ -10,19 +10,18 @@ from typing import Callable, Sequence
 
 from absl import flags
 
-from tf_twobranch import cli, table_runner
+from tf_twobranch import cli, recipes, table_runner
 from tf_twobranch.cli import split_paths  # noqa: F401 (re-exported)
 from tf_twobranch.errors import UserInputError  # re-exported for the experiments
 from tf_twobranch.evaluation import retrieval
-from tf_twobranch.run_records import is_chief, setup_training, train_config  # noqa: F401
+from tf_twobranch.run_records import is_chief, setup_training  # noqa: F401
 from tf_twobranch.run_records import run_record as flag_record  # noqa: F401
 from tf_twobranch.run_records import write_results as write_json  # noqa: F401
 from tf_twobranch.recipes import from_flags, prepare_recipe, typed_flags  # noqa: F401
 from tf_twobranch.recipes import define_smoke_flag  # noqa: F401  (--smoke: one definition for every experiment)
-from tf_twobranch.table_runner import resolve_config, slug  # noqa: F401
-from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table,  # noqa: F401
-                                 SMOKE_LINE, groups_by_test_split, is_smoke, paper_beside, paper_beside_record,
-                                 paper_numbers, resolve_protocol, split_record, table_title)
+from tf_twobranch.table_runner import resolve_config  # noqa: F401
+from tf_twobranch.tables import (groups_by_test_split, is_smoke, paper_beside_record,  # noqa: F401
+                                 paper_numbers, resolve_protocol, table_title)
 
 REPO_ROOT = table_runner.REPO_ROOT
 CONFIG_DIR = table_runner.CONFIG_DIR
@@ -105,7 +104,5 @@ def define_runner_flags(fv, *, rows_help: str, runs_dir: bool = True) -> None:
     d = dict(flag_values=fv)
     flags.DEFINE_list("rows", [], rows_help, **d)
     if runs_dir:
-        flags.DEFINE_string("runs_dir", "", "Parent folder of the rows' run folders, each named after "
-                            "its flagfile (default runs/ in the repository).", **d)
-    flags.DEFINE_bool("resume", True, "Reuse rows that finished earlier with the same arguments "
-                      "(<run folder>/results.json and table_row.json); --noresume runs them again.", **d)
+        flags.DEFINE_string("runs_dir", "", recipes.RUNS_DIR_HELP, **d)
+    flags.DEFINE_bool("resume", True, recipes.RESUME_HELP, **d)

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any, ClassVar, Mapping, Sequence, TypeVar
 
 from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.features import SCENE_CNN_EPOCHS
 
 R = TypeVar("R", bound="Recipe")
 
@@ -76,6 +77,30 @@ def feature_dtype_field() -> Any:
 
 def momentum_field() -> Any:
     return flag(0.9, "SGD momentum.", lower_bound=0.0, upper_bound=1.0)
+
+
+def scene_cnn_epochs_field() -> Any:
+    return flag(SCENE_CNN_EPOCHS, "Epochs of the scene_cnn backbone trained on the training images and captions.",
+                lower_bound=1)
+
+
+def paper_dataset_field(default: str) -> Any:
+    return flag(default, "Dataset of the paper numbers.")
+
+
+# The table runner's --runs_dir and --resume (`tf_twobranch.table_runner`), as a recipe's fields or,
+# for a runner that is no row, as plain flags (`experiments.common.define_runner_flags`).
+RUNS_DIR_HELP = "Parent folder of the rows' run folders, each named after its flagfile (default runs/ in the repository)."
+RESUME_HELP = ("Reuse rows that finished earlier with the same arguments (<run folder>/results.json and "
+               "table_row.json); --noresume runs them again.")
+
+
+def runs_dir_field() -> Any:
+    return flag("", RUNS_DIR_HELP)
+
+
+def resume_field() -> Any:
+    return flag(True, RESUME_HELP)
 
 
 @dataclasses.dataclass

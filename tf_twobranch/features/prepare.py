@@ -53,6 +53,7 @@ from tf_twobranch.data.formats.word_vectors import load_word_vectors
 from tf_twobranch.data.layout import DatasetLayout
 from tf_twobranch.data.tokenize import build_vocabulary, tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features import SCENE_CNN_EPOCHS
 from tf_twobranch.features.backbones import backbone_input_size, build_backbone
 from tf_twobranch.features.image_features import extract_image_features
 from tf_twobranch.features.images import load_images_at_size
@@ -73,7 +74,7 @@ class FeatureSpec:
     image_backbone: str = "scene_cnn"
     backbone_weights: str | None = None
     ten_crop: bool = True
-    scene_cnn_epochs: int = 12
+    scene_cnn_epochs: int = SCENE_CNN_EPOCHS
     text_encoder: str = "fisher_hglmm"
     word_vectors: str | None = None
     word_dim: int = 300

@@ -50,6 +50,7 @@ from tf_twobranch.data.proposal_generator import generate_proposals_for_images
 from tf_twobranch.data.retrieval_data import load_caption_splits
 from tf_twobranch.data.tokenize import tokenize_caption
 from tf_twobranch.errors import ConfigError, DataFormatError
+from tf_twobranch.features import SCENE_CNN_EPOCHS
 from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.features.image_features import extract_region_features
 from tf_twobranch.features.images import load_images_at_size
@@ -66,7 +67,7 @@ class RegionFeatureSpec:
     """Settings of the region and phrase features (all part of the cache key)."""
     image_backbone: str = "scene_cnn"
     backbone_weights: str | None = None
-    scene_cnn_epochs: int = 12
+    scene_cnn_epochs: int = SCENE_CNN_EPOCHS
     proposals: str | None = None
     max_proposals: int = 200
     text_encoder: str = "fisher_hglmm"

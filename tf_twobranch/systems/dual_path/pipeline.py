@@ -37,7 +37,7 @@ from tf_twobranch.systems.dual_path.model import DualPathConfig, DualPathModel, 
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import (RunRecipe, apply_profile, apply_smoke, caption_format_field,
                                   eval_split_field, flag, images_dir_field, max_images_field, momentum_field,
-                                  word_vectors_field)
+                                  paper_dataset_field, word_vectors_field)
 from tf_twobranch.systems.dual_path.run_split import dual_path_test_split, record_dual_path_split
 from tf_twobranch.systems.dual_path import sampling as dp
 from tf_twobranch.tables import (CHANCE_ROW, format_cell, format_retrieval_table, is_smoke, paper_beside_record,
@@ -160,7 +160,7 @@ class DualPathRecipe(RunRecipe):
     weight_decay: float = flag(0.0, "Weight decay (reference: 1e-4).", lower_bound=0.0)
     protocol: str = flag(
         'full', "Evaluation protocol (retrieval datasets).", enum=("full", "coco_1k", "coco_5k"))
-    paper_dataset: str = flag('Flickr30K', "Dataset of the paper numbers.")
+    paper_dataset: str = paper_dataset_field("Flickr30K")
 
 def _lambdas(values, name) -> tuple[float, float, float]:
     try:

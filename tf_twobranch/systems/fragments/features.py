@@ -45,6 +45,7 @@ from tf_twobranch.systems.fragments.sentence_fragments import (FRAGMENT_KINDS, E
                                                   encode_fragments, frequent_relations, relation_counts,
                                                   tree_triplets)
 from tf_twobranch.errors import ConfigError, UserInputError
+from tf_twobranch.features import SCENE_CNN_EPOCHS
 from tf_twobranch.features.backbones import build_backbone
 from tf_twobranch.systems.fragments.image_fragments import DETECTIONS, extract_fragment_features, load_fragment_features
 from tf_twobranch.features.prepare import IMAGE_BACKBONES, cache_digest, cached_scene_cnn
@@ -63,7 +64,7 @@ _CUT_LAYER, _TOP_LAYER, _TOP_NORM = "pooled", "feature_dense", "scene_features"
 class FragmentFeatureSpec:
     image_backbone: str = "scene_cnn"
     backbone_weights: str | None = None
-    scene_cnn_epochs: int = 12
+    scene_cnn_epochs: int = SCENE_CNN_EPOCHS
     proposals: str | None = None
     detections: int = DETECTIONS
     fragment_features: dict | None = None   # split -> precomputed (N, F, D) .npy/.h5 file

@@ -58,7 +58,8 @@ from tf_twobranch.systems.fragments.model import (FragmentEmbeddingConfig, Fragm
 from tf_twobranch.cli import split_paths
 from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, caption_format_field, eval_split_field,
                                   feature_dtype_field, flag, images_dir_field, max_images_field,
-                                  momentum_field, word_vectors_field)
+                                  momentum_field, paper_dataset_field, resume_field, runs_dir_field,
+                                  scene_cnn_epochs_field, word_vectors_field)
 from tf_twobranch.run_records import is_chief, setup_training, train_config, write_results as write_json
 from tf_twobranch.systems.fragments import sampling as fragment_batches
 from tf_twobranch.systems.fragments.export import export_fragment_model
@@ -122,7 +123,7 @@ class FragmentRecipe(RunRecipe):
         "scene_cnn", "CNN of the image fragments (scene_cnn: trained on the training images).",
         enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
     backbone_weights: str = backbone_weights_field()
-    scene_cnn_epochs: int = flag(12, "Epochs of the scene_cnn backbone.", lower_bound=1)
+    scene_cnn_epochs: int = scene_cnn_epochs_field()
     proposals: str = flag(
         "", "Ranked region proposals (HDF5 file or folder); default <dataset_dir>/proposals.h5.")
     detections: int = flag(19, "Top-ranked boxes per image (+ the whole image).", lower_bound=0)
@@ -187,18 +188,14 @@ class FragmentRecipe(RunRecipe):
         "paper", "When the second stage starts: half the epochs (paper: 10 of 20) or 0.75·epochs (the authors' "
         "code).", enum=("paper", "code"))
     init_from: str = flag("", "Run directory (or .weights.h5) whose weights start the run.")
-    paper_dataset: str = flag("Flickr8K", "Dataset of the paper numbers.")
+    paper_dataset: str = paper_dataset_field("Flickr8K")
     # Run: distribution, seed, output, --smoke: inherited from RunRecipe.
     # The table runner.
     rows: list = flag(
         default_factory=list, help="Run these row flagfiles (names in experiments/configs or paths; 'all': every "
         "fragments_table<N>_*.cfg of --table) and print the tables.")
-    runs_dir: str = flag(
-        "", "Parent folder of the rows' run folders, each named after its flagfile (default runs/ in the "
-        "repository).")
-    resume: bool = flag(
-        True, "Reuse rows that finished earlier with the same arguments (<run folder>/results.json and "
-        "table_row.json); --noresume runs them again.")
+    runs_dir: str = runs_dir_field()
+    resume: bool = resume_field()
     table: str = flag(
         "all", "Rows of Table 2 (Flickr8K), Table 3 (Flickr30K) or both (--rows=all).",
         enum=("2", "3", "all"))

@@ -43,6 +43,7 @@ from tf_twobranch.data.tokenize import END_TOKEN, START_TOKEN, tokenize_caption
 from tf_twobranch.data.formats.row_arrays import (FEATURE_DTYPES, SHARD_BYTES, ShardedRowWriter,
                                                  check_finite_once, open_rows, storage_dtype)
 from tf_twobranch.errors import ConfigError, DataFormatError, UserInputError
+from tf_twobranch.features import SCENE_CNN_EPOCHS
 from tf_twobranch.features.backbones import build_spatial_backbone
 from tf_twobranch.features.images import load_images_at_size
 from tf_twobranch.features.prepare import cache_digest, cached_scene_cnn
@@ -59,7 +60,7 @@ BACKBONES = ("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152")
 class NPairInputSpec:
     image_backbone: str = "scene_cnn"
     backbone_weights: str | None = None
-    scene_cnn_epochs: int = 12
+    scene_cnn_epochs: int = SCENE_CNN_EPOCHS
     word_vectors: str | None = None
     word_dim: int = 300
     max_words: int = 20

@@ -57,7 +57,8 @@ from tf_twobranch.systems.npair.model import (NPairEvaluationSplit, NPairLocaliz
                                               NPairLocalizationModel, build_npair_model, headline_metrics)
 from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, caption_format_field, eval_split_field,
                                   feature_dtype_field, flag, images_dir_field, max_images_field,
-                                  momentum_field, word_vectors_field)
+                                  momentum_field, paper_dataset_field, resume_field, runs_dir_field,
+                                  scene_cnn_epochs_field, word_vectors_field)
 from tf_twobranch.run_records import is_chief, setup_training, train_config, write_results as write_json
 from tf_twobranch.tables import paper_numbers, resolve_protocol, split_record
 from tf_twobranch.training import trainer
@@ -137,7 +138,7 @@ class NPairRecipe(RunRecipe):
         "scene_cnn", "CNN of the spatial map (vgg19: block5_conv4; scene_cnn: trained on the training images).",
         enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
     backbone_weights: str = backbone_weights_field()
-    scene_cnn_epochs: int = flag(12, "Epochs of the scene_cnn backbone.", lower_bound=1)
+    scene_cnn_epochs: int = scene_cnn_epochs_field()
     feature_dtype: str = feature_dtype_field()
     backbone_maps: tuple[str, ...] = flag(
         (), "Precomputed backbone maps per split, split=path pairs (train=maps.npy,test=...): (images, h, "
@@ -176,16 +177,12 @@ class NPairRecipe(RunRecipe):
     lr_decay_epochs: int = flag(10, "The rate is multiplied by 0.1 every this many epochs.", lower_bound=1)
     momentum: float = momentum_field()
     weight_decay: float = flag(1e-7, "SGD weight decay (the code: 1e-7).", lower_bound=0.0)
-    paper_dataset: str = flag("Flickr30K", "Dataset of the paper numbers.")
+    paper_dataset: str = paper_dataset_field("Flickr30K")
     # Run: distribution, seed, output, --smoke: inherited from RunRecipe.
     # The table runner (--rows).
     rows: tuple[str, ...] = flag((), "Row flagfiles to run ('all': every npair_*.cfg); prints Tables 2 and 1.")
-    runs_dir: str = flag(
-        "", "Parent folder of the rows' run folders, each named after its flagfile (default runs/ in the "
-        "repository).")
-    resume: bool = flag(
-        True, "Reuse rows that finished earlier with the same arguments (<run folder>/results.json and "
-        "table_row.json); --noresume runs them again.")
+    runs_dir: str = runs_dir_field()
+    resume: bool = resume_field()
 
 
 # ---------------------------------------------------------------------------- data

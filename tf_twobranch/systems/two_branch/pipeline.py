@@ -28,7 +28,7 @@ from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, caption_format_field,
                                   feature_dtype_field, flag, images_dir_field, max_images_field,
-                                  prepare_recipe, word_vectors_field)
+                                  paper_dataset_field, prepare_recipe, scene_cnn_epochs_field, word_vectors_field)
 from tf_twobranch.run_loading import record_feature_split
 from tf_twobranch.systems.two_branch import sampling
 from tf_twobranch.tables import (format_retrieval_table, groups_by_test_split, is_smoke, paper_beside_record,
@@ -59,8 +59,6 @@ EMBEDDED_PROFILE = {"word_dim": 50, "learning_rate_scale": 3.0, "epochs": 10, "t
 # The fields the image–sentence and region–phrase recipes share, declared once: (default, help, bounds).
 _SHARED_FIELDS = {
     "features_cache": ("", "Where computed features are cached (default <dataset_dir>/features).", {}),
-    "scene_cnn_epochs": (12, "Epochs of the scene_cnn backbone trained on the training images and captions.",
-                         {"lower_bound": 1}),
     "word_dim": (300, "Size of word vectors trained on the captions.", {"lower_bound": 2}),
     "pca_dim": (6000, "PCA size of Fisher vectors larger than this.", {"lower_bound": 1}),
     "model": ("embedding", "Which model.", {"enum": ("embedding", "similarity", "cca")}),
@@ -102,7 +100,7 @@ class RetrievalRecipe(RunRecipe):
     image_backbone: str = flag(
         'scene_cnn', "CNN for image features.", enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
     backbone_weights: str = backbone_weights_field()
-    scene_cnn_epochs: int = shared_field("scene_cnn_epochs")
+    scene_cnn_epochs: int = scene_cnn_epochs_field()
     text_encoder: str = flag(
         'fisher_hglmm', "Sentence representation.",
         enum=("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf", "lstm"))
@@ -140,7 +138,7 @@ class RetrievalRecipe(RunRecipe):
         "epoch, not ~300).", lower_bound=0.0)
     lr_schedule: str = flag(
         'none', "none: as the reference code (its decay is never applied).", enum=("none", "exponential"))
-    paper_dataset: str = flag('Flickr30K', "Dataset the paper numbers are for.")
+    paper_dataset: str = paper_dataset_field("Flickr30K")
 
 def dataset_layout(r):
     """The dataset folder (--dataset_dir, else the embedded dataset), checked and resolved once."""

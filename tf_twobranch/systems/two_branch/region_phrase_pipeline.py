@@ -29,7 +29,7 @@ from tf_twobranch.systems.two_branch.model import TwoBranchConfig, build_model
 from tf_twobranch.systems.two_branch.pipeline import shared_field
 from tf_twobranch.run_records import is_chief, run_record, setup_training, train_config, write_results
 from tf_twobranch.recipes import (RunRecipe, backbone_weights_field, flag, images_dir_field, max_images_field,
-                                  prepare_recipe, word_vectors_field)
+                                  prepare_recipe, scene_cnn_epochs_field, word_vectors_field)
 from tf_twobranch.systems.two_branch import region_phrase_sampling as sampling
 from tf_twobranch.tables import SMOKE_LINE, is_smoke, localization_paper_beside, paper_numbers
 from tf_twobranch.training import trainer
@@ -81,7 +81,7 @@ class LocalizationRecipe(RunRecipe):
         'scene_cnn', "CNN for the single-crop region features.",
         enum=("scene_cnn", "vgg19", "vgg16", "resnet50", "resnet152"))
     backbone_weights: str = backbone_weights_field()
-    scene_cnn_epochs: int = shared_field("scene_cnn_epochs")
+    scene_cnn_epochs: int = scene_cnn_epochs_field()
     text_encoder: str = flag(
         'fisher_hglmm', "Phrase representation (fitted on the training phrases).",
         enum=("fisher_hglmm", "fisher_gmm", "mean_vector", "tfidf"))
