@@ -233,7 +233,8 @@ def _short(text: str, width: int = 78) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--list", action="store_true", help="print the commands and skips; run nothing")
-    parser.add_argument("--sections", default="", help="comma-separated section headings to run (default: all)")
+    parser.add_argument("--sections", default="", help="comma-separated section headings to run (commas inside a "
+                        "heading's parentheses stay; default: all)")
     parser.add_argument("--workdir", default="", help="where the clone goes (default: a temporary folder)")
     parser.add_argument("--venv", default="", help="an existing virtual environment instead of a fresh one")
     parser.add_argument("--keep_going", action="store_true", help="run the rest after a failure")
@@ -250,7 +251,8 @@ def main(argv=None) -> int:
         for c in unexplained:
             print(f"{c.document}:{c.line}: a newcomer skip marker needs a reason", file=sys.stderr)
         return 2
-    wanted = {s.strip() for s in args.sections.split(",") if s.strip()}
+    # A comma inside parentheses belongs to a heading ("Phrase localization (Table 1, Table 5, Fig. 2)").
+    wanted = {s.strip() for s in re.split(r",(?![^()]*\))", args.sections) if s.strip()}
     if args.list:
         for c in commands:
             state = f"SKIP ({c.skip})" if c.skip is not None else "run"

@@ -1,4 +1,4 @@
-r"""Fig. 2-style phrase localization pictures (TPAMI 2018, Fig. 2).
+r"""Fig. 2-style pictures of the two-branch region–phrase model: phrases localized by ranked proposals (TPAMI 2018).
 
 For each chosen test image, one PNG (``<out_dir>/region_phrase_<image id>.png``): for every caption (one row each), the
 left panel shows each phrase's best-scoring proposal and the right panel the
